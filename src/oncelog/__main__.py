@@ -1,0 +1,5 @@
+import sys
+
+from oncelog.cli import main
+
+sys.exit(main())

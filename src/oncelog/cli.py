@@ -1,0 +1,51 @@
+"""The `oncelog` command line: each subcommand lives beside the code it drives.
+
+A subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int`` (the exit code).
+Modules are imported only when their subcommand runs, so ``oncelog broker`` never imports Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "broker": ("oncelog.server.cli", "run the Kafka-compatible broker in the foreground"),
+    "topics": ("oncelog.admin.topics_cli", "create, list, describe or delete topics on a running broker"),
+    "groups": ("oncelog.admin.groups_cli", "list or describe consumer groups on a running broker"),
+    "transactions": ("oncelog.admin.transactions_cli", "list, describe, find-hanging or abort transactions"),
+    "demo": ("oncelog.demo.cli", "run the exactly-once pipeline under injected faults and report"),
+    "verify": ("oncelog.verify.cli", "run a fault-injecting workload against a broker and check its history"),
+    "bench": ("oncelog.bench.cli", "measure throughput side by side"),
+}
+
+
+def _load(name: str):  # type: ignore[no-untyped-def]
+    return importlib.import_module(SUBCOMMANDS[name][0])
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oncelog", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    for name, (_module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:
+            _load(name).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    rc = _load(args.command).run(args)
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""RecordBatch v2 as opaque bytes: header access, validation, offset rewrite, control batches.
+
+The broker never decodes individual records on the hot path. It reads the fixed 61-byte header,
+checks magic, length and CRC-32C (which covers ``attributes`` to the end of the batch, so
+``base_offset`` and ``partition_leader_epoch`` may be rewritten without recomputing it), and stores
+the bytes as they came.
+
+Header layout (big endian)::
+
+    0  base_offset i64          8  batch_length i32       12 partition_leader_epoch i32
+    16 magic i8                 17 crc u32                21 attributes i16
+    23 last_offset_delta i32    27 base_timestamp i64     35 max_timestamp i64
+    43 producer_id i64          51 producer_epoch i16     53 base_sequence i32
+    57 records_count i32        61 records...
+
+``batch_length`` counts the bytes after the length field, so a batch occupies ``12 + batch_length``.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Iterator
+
+import crc32c
+
+HEADER_SIZE = 61
+LOG_OVERHEAD = 12  # base_offset + batch_length
+MAGIC_V2 = 2
+CRC_START = 21
+
+ATTR_COMPRESSION_MASK = 0x07
+ATTR_TIMESTAMP_TYPE = 0x08  # 1 = LogAppendTime
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_BASE_OFFSET = struct.Struct(">q")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+
+
+class InvalidRecordError(ValueError):
+    """A batch that must be rejected with CORRUPT_MESSAGE (or INVALID_RECORD)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The decoded 61-byte header of one RecordBatch v2."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+    @property
+    def size(self) -> int:
+        """Bytes this batch occupies in a log or a Fetch response."""
+        return LOG_OVERHEAD + self.batch_length
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & ATTR_TRANSACTIONAL)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & ATTR_CONTROL)
+
+    @property
+    def has_producer_id(self) -> bool:
+        return self.producer_id >= 0
+
+    @property
+    def last_sequence(self) -> int:
+        """Sequence of the last record, wrapping after INT32_MAX as Kafka does."""
+        if self.base_sequence < 0:
+            return NO_SEQUENCE
+        return (self.base_sequence + self.last_offset_delta) % (1 << 31)
+
+
+def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Decode the header at ``pos`` without validating anything but its presence."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise InvalidRecordError("truncated record batch header")
+    return BatchHeader(*_HEADER.unpack_from(buf, pos))
+
+
+def validate_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Check magic, length and CRC of the batch at ``pos``; return its header.
+
+    Raises InvalidRecordError on anything a client must see as CORRUPT_MESSAGE.
+    """
+    header = read_header(buf, pos)
+    if header.magic != MAGIC_V2:
+        raise InvalidRecordError(f"unsupported record batch magic {header.magic}")
+    if header.batch_length < HEADER_SIZE - LOG_OVERHEAD:
+        raise InvalidRecordError(f"record batch length {header.batch_length} too small")
+    end = pos + header.size
+    if end > len(buf):
+        raise InvalidRecordError("record batch length exceeds the data")
+    if header.last_offset_delta < 0 or header.records_count < 0:
+        raise InvalidRecordError("negative record count or offset delta")
+    computed = crc32c.crc32c(memoryview(buf)[pos + CRC_START : end])
+    if computed != header.crc:
+        raise InvalidRecordError(f"record batch CRC mismatch ({computed:#x} != {header.crc:#x})")
+    return header
+
+
+def split_batches(buf: bytes | bytearray | memoryview) -> list[tuple[int, BatchHeader]]:
+    """Validate every batch of a Produce partition's records; return (position, header) pairs.
+
+    The whole buffer must be made of complete, valid batches (no trailing partial batch), as
+    Kafka requires of produced data.
+    """
+    out: list[tuple[int, BatchHeader]] = []
+    pos = 0
+    n = len(buf)
+    if n == 0:
+        raise InvalidRecordError("empty records")
+    while pos < n:
+        header = validate_batch(buf, pos)
+        out.append((pos, header))
+        pos += header.size
+    return out
+
+
+def iter_headers(buf: bytes | bytearray | memoryview, pos: int = 0) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield (position, header) for each complete batch; stops silently at a partial tail.
+
+    Used on data the broker itself wrote (segments, fetch responses), so the CRC is not checked.
+    """
+    n = len(buf)
+    while n - pos >= HEADER_SIZE:
+        header = read_header(buf, pos)
+        if header.batch_length < HEADER_SIZE - LOG_OVERHEAD or pos + header.size > n:
+            return
+        yield pos, header
+        pos += header.size
+
+
+def set_base_offset(buf: bytearray, pos: int, base_offset: int) -> None:
+    """Rewrite a batch's base offset in place (outside the CRC)."""
+    _BASE_OFFSET.pack_into(buf, pos, base_offset)
+
+
+def set_log_append_time(buf: bytearray, pos: int, timestamp_ms: int) -> None:
+    """Mark a batch LogAppendTime and set its max timestamp; recomputes the CRC (it changes)."""
+    header = read_header(buf, pos)
+    attrs = header.attributes | ATTR_TIMESTAMP_TYPE
+    struct.pack_into(">h", buf, pos + 21, attrs)
+    _I64.pack_into(buf, pos + 35, timestamp_ms)
+    crc = crc32c.crc32c(memoryview(buf)[pos + CRC_START : pos + header.size])
+    struct.pack_into(">I", buf, pos + 17, crc)
+
+
+def _varint(value: int) -> bytes:
+    """Zig-zag varint as RecordBatch v2 records use."""
+    v = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while True:
+        byte = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def encode_record(offset_delta: int, timestamp_delta: int, key: bytes | None, value: bytes | None,
+                  headers: tuple[tuple[str, bytes | None], ...] = ()) -> bytes:
+    """Encode one record of a v2 batch (attributes 0)."""
+    body = bytearray(b"\x00")
+    body += _varint(timestamp_delta)
+    body += _varint(offset_delta)
+    for part in (key, value):
+        if part is None:
+            body += _varint(-1)
+        else:
+            body += _varint(len(part))
+            body += part
+    body += _varint(len(headers))
+    for hkey, hval in headers:
+        kb = hkey.encode()
+        body += _varint(len(kb)) + kb
+        if hval is None:
+            body += _varint(-1)
+        else:
+            body += _varint(len(hval)) + hval
+    return _varint(len(body)) + bytes(body)
+
+
+def build_batch(records: list[bytes], *, base_offset: int = 0, base_timestamp: int, max_timestamp: int | None = None,
+                attributes: int = 0, producer_id: int = NO_PRODUCER_ID,
+                producer_epoch: int = NO_PRODUCER_EPOCH, base_sequence: int = NO_SEQUENCE,
+                partition_leader_epoch: int = 0) -> bytes:
+    """Assemble a batch from already-encoded records (see encode_record) with a valid CRC."""
+    payload = b"".join(records)
+    count = len(records)
+    body_after_crc = struct.pack(
+        ">hiqqqhii", attributes, max(count - 1, 0), base_timestamp,
+        base_timestamp if max_timestamp is None else max_timestamp,
+        producer_id, producer_epoch, base_sequence, count,
+    ) + payload
+    crc = crc32c.crc32c(body_after_crc)
+    batch_length = 4 + 1 + 4 + len(body_after_crc)
+    return struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, MAGIC_V2, crc) + body_after_crc
+
+
+def build_control_batch(control_type: int, *, producer_id: int, producer_epoch: int,
+                        coordinator_epoch: int, timestamp_ms: int, base_offset: int = 0) -> bytes:
+    """A transaction marker: one control record, key (version 0, type), value (version 0, epoch).
+
+    librdkafka skips a control record only if its key is exactly these four bytes.
+    """
+    key = struct.pack(">hh", 0, control_type)
+    value = struct.pack(">hi", 0, coordinator_epoch)
+    record = encode_record(0, 0, key, value)
+    return build_batch([record], base_offset=base_offset, base_timestamp=timestamp_ms,
+                       attributes=ATTR_TRANSACTIONAL | ATTR_CONTROL, producer_id=producer_id,
+                       producer_epoch=producer_epoch, base_sequence=NO_SEQUENCE)
+
+
+def control_type_of(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> int:
+    """Return CONTROL_ABORT or CONTROL_COMMIT for a control batch written by build_control_batch.
+
+    The first record starts right after the header: length varint, attributes, ts delta varint,
+    offset delta varint, key length varint (4 -> zig-zag 8), then the key's 4 bytes.
+    """
+    p = pos + HEADER_SIZE
+    end = pos + header.size
+    # skip record length varint
+    while p < end and buf[p] & 0x80:
+        p += 1
+    p += 1
+    p += 1  # record attributes
+    for _ in range(2):  # timestamp delta, offset delta
+        while p < end and buf[p] & 0x80:
+            p += 1
+        p += 1
+    key_len_zz = buf[p]
+    p += 1
+    if key_len_zz != 8 or p + 4 > end:
+        raise InvalidRecordError("malformed control record key")
+    version, ctype = struct.unpack_from(">hh", buf, p)
+    if ctype not in (CONTROL_ABORT, CONTROL_COMMIT):
+        raise InvalidRecordError(f"unknown control record type {ctype}")
+    return int(ctype)

@@ -1,0 +1,1 @@
+"""oncelog.spark"""
