@@ -1,0 +1,217 @@
+"""Request decoding and response encoding on top of kio's generated message classes.
+
+``decode_request`` turns a frame into a ``Request`` (header fields + kio body); ``encode_response``
+turns a response body into a length-prefixed frame with the right response header version (kio's
+schemas already carry the ApiVersions quirk: response header v0 even at v3). ``build`` constructs a
+kio response from plain nested dicts so handlers can be written once for every version: fields a
+version lacks are ignored, fields it has but the dict omits get Kafka's implicit default.
+
+Readers, writers and build plans are cached per (type): kio's native readers are objects that are
+expensive to create and cheap to call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import io
+import struct
+import types
+import typing
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i32Timedelta, i64Timedelta
+
+from oncelog.protocol.errors import MalformedRequestError, UnknownApiKeyError, UnsupportedVersionError
+from oncelog.protocol.versions import SUPPORTED_VERSIONS
+
+_PEEK = struct.Struct(">hhi")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any
+
+
+@cache
+def request_type(api_key: int, api_version: int) -> type:
+    from kio.index import load_request_schema
+
+    return load_request_schema(api_key, api_version)
+
+
+@cache
+def response_type(api_key: int, api_version: int) -> type:
+    from kio.index import load_response_schema
+
+    return load_response_schema(api_key, api_version)
+
+
+@cache
+def _reader(entity_type: type) -> Callable[[bytes, int], tuple[Any, int]]:
+    return entity_reader(entity_type)  # type: ignore[no-any-return]
+
+
+@cache
+def _writer(entity_type: type) -> Callable[[Any, Any], None]:
+    return entity_writer(entity_type)  # type: ignore[no-any-return]
+
+
+def peek_header(frame: bytes) -> tuple[int, int, int]:
+    """(api_key, api_version, correlation_id) from the first 8 bytes, common to all header versions."""
+    if len(frame) < 8:
+        raise MalformedRequestError(f"request frame of {len(frame)} bytes is shorter than a header")
+    return _PEEK.unpack_from(frame, 0)  # type: ignore[return-value]
+
+
+def decode_request(frame: bytes, supported: Mapping[int, tuple[int, int]] = SUPPORTED_VERSIONS) -> Request:
+    api_key, api_version, correlation_id = peek_header(frame)
+    if api_key not in supported:
+        raise UnknownApiKeyError(api_key, api_version, correlation_id)
+    lo, hi = supported[api_key]
+    if not lo <= api_version <= hi:
+        raise UnsupportedVersionError(api_key, api_version, correlation_id)
+    req_t = request_type(api_key, api_version)
+    try:
+        header, pos = _reader(req_t.__header_schema__)(frame, 0)  # type: ignore[attr-defined]
+        body, pos = _reader(req_t)(frame, pos)
+    except Exception as exc:  # kio raises assorted errors on garbage
+        raise MalformedRequestError(f"cannot parse {api_key_map.get(api_key)} v{api_version}: {exc}") from exc
+    return Request(api_key, api_version, correlation_id, getattr(header, "client_id", None), body)
+
+
+def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
+    """The full length-prefixed response frame."""
+    resp_t = response_type(api_key, api_version)
+    header_t = resp_t.__header_schema__  # type: ignore[attr-defined]
+    buf = io.BytesIO()
+    buf.write(b"\0\0\0\0")
+    _writer(header_t)(buf, header_t(correlation_id=correlation_id))
+    _writer(resp_t)(buf, body)
+    data = buf.getbuffer()
+    struct.pack_into(">i", data, 0, len(data) - 4)
+    return bytes(data)
+
+
+def encode_request(api_key: int, api_version: int, correlation_id: int, body: Any,
+                   client_id: str = "oncelog") -> bytes:
+    """A full request frame (used by tests and internal tools that speak raw protocol)."""
+    req_t = request_type(api_key, api_version)
+    header_t = req_t.__header_schema__  # type: ignore[attr-defined]
+    fields = {f.name for f in dataclasses.fields(header_t)}
+    kwargs: dict[str, Any] = {"request_api_key": api_key, "request_api_version": api_version,
+                              "correlation_id": correlation_id}
+    if "client_id" in fields:
+        kwargs["client_id"] = client_id
+    buf = io.BytesIO()
+    buf.write(b"\0\0\0\0")
+    _writer(header_t)(buf, header_t(**kwargs))
+    _writer(req_t)(buf, body)
+    data = buf.getbuffer()
+    struct.pack_into(">i", data, 0, len(data) - 4)
+    return bytes(data)
+
+
+def decode_response(api_key: int, api_version: int, frame: bytes) -> tuple[int, Any]:
+    """(correlation_id, body) of a response frame without its size prefix."""
+    resp_t = response_type(api_key, api_version)
+    header, pos = _reader(resp_t.__header_schema__)(frame, 0)  # type: ignore[attr-defined]
+    body, _ = _reader(resp_t)(frame, pos)
+    return header.correlation_id, body
+
+
+# --- building kio entities from plain data ---------------------------------------------------------
+
+_Converter = Callable[[Any], Any]
+
+
+def _ms_to_td(v: Any) -> Any:
+    return datetime.timedelta(milliseconds=v) if isinstance(v, int) else v
+
+
+def _converter(tp: Any) -> tuple[_Converter | None, Any]:
+    """(converter for a provided value, implicit default) for a field type."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        inner, _ = _converter(args[0])
+        if inner is None:
+            return None, None
+        return (lambda v: None if v is None else inner(v)), None
+    if origin is tuple:
+        (item_t, *_rest) = typing.get_args(tp)
+        if dataclasses.is_dataclass(item_t):
+            return (lambda v: tuple(build(item_t, x) for x in v)), ()  # type: ignore[arg-type]
+        return tuple, ()
+    if isinstance(tp, type):
+        if dataclasses.is_dataclass(tp):
+            return (lambda v: build(tp, v)), None  # default resolved lazily
+        if issubclass(tp, (i32Timedelta, i64Timedelta, datetime.timedelta)):
+            return _ms_to_td, datetime.timedelta(0)
+        if issubclass(tp, ErrorCode):
+            return ErrorCode, ErrorCode.none
+        if issubclass(tp, bool):
+            return None, False
+        if issubclass(tp, int):
+            return None, 0
+        if issubclass(tp, float):
+            return None, 0.0
+        if issubclass(tp, str):
+            return None, ""
+        if issubclass(tp, bytes):
+            return None, b""
+        if issubclass(tp, uuid.UUID):
+            return None, uuid.UUID(int=0)
+    return None, None
+
+
+@cache
+def _plan(entity_type: type) -> tuple[tuple[str, _Converter | None, bool, Any, type | None], ...]:
+    hints = typing.get_type_hints(entity_type)
+    plan = []
+    for f in dataclasses.fields(entity_type):
+        tp = hints[f.name]
+        conv, implicit = _converter(tp)
+        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        nested = tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
+        plan.append((f.name, conv, has_default, implicit, nested))
+    return tuple(plan)
+
+
+def build(entity_type: type, data: Mapping[str, Any] | Any) -> Any:
+    """Construct ``entity_type`` from a mapping, ignoring keys the type lacks.
+
+    An object that already is an instance of ``entity_type`` is returned as is.
+    """
+    if isinstance(data, entity_type):
+        return data
+    kwargs: dict[str, Any] = {}
+    for name, conv, has_default, implicit, nested in _plan(entity_type):
+        if name in data:
+            value = data[name]
+            kwargs[name] = conv(value) if conv is not None else value
+        elif not has_default:
+            kwargs[name] = build(nested, {}) if nested is not None else implicit
+    return entity_type(**kwargs)
+
+
+def build_response(api_key: int, api_version: int, data: Mapping[str, Any]) -> Any:
+    return build(response_type(api_key, api_version), data)
+
+
+def td_ms(value: Any) -> int:
+    """Milliseconds of a kio timedelta field (or an int)."""
+    if isinstance(value, datetime.timedelta):
+        return int(value.total_seconds() * 1000)
+    return int(value)

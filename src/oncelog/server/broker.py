@@ -1,0 +1,144 @@
+"""The broker process: owns storage and coordinators, runs the listener and the background timers.
+
+Threading model: everything runs on one asyncio event loop thread. Storage and coordinators are
+synchronous and are only ever called from that thread, so a handler that calls
+``append -> replay`` without awaiting in between is atomic with respect to every other request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from oncelog.clock import Clock, SystemClock
+from oncelog.protocol.errors import ErrorCode
+from oncelog.protocol.versions import SUPPORTED_VERSIONS
+from oncelog.server.config import BrokerConfig
+from oncelog.storage.config import LogConfig
+from oncelog.storage.log_manager import LogManager
+
+log = logging.getLogger("oncelog.server")
+
+TopicPartition = tuple[str, int]
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig, clock: Clock | None = None) -> None:
+        from oncelog.server.handlers import HANDLERS
+
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.handlers = HANDLERS
+        self.supported_versions = {k: v for k, v in SUPPORTED_VERSIONS.items() if k in HANDLERS}
+        self.connections: set[Any] = set()
+        self._waiters: dict[TopicPartition, set[asyncio.Future[None]]] = {}
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_defaults = LogConfig(
+            segment_bytes=config.log_segment_bytes,
+            segment_ms=config.log_roll_ms,
+            retention_ms=config.log_retention_ms,
+            retention_bytes=config.log_retention_bytes,
+            flush_interval_ms=config.flush_interval_ms,
+            flush_every_append=config.flush_every_append,
+            max_message_bytes=config.message_max_bytes,
+        )
+        self.logs = LogManager(config.data_dir, self.log_defaults, self.clock)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        from oncelog.server.connection import KafkaConnection
+
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: KafkaConnection(self), self.config.listen_host, self.config.listen_port,
+            reuse_address=True, backlog=512,
+        )
+        self._tasks.append(loop.create_task(self._every(self.config.flush_interval_ms, self._flush)))
+        self._tasks.append(loop.create_task(
+            self._every(self.config.log_retention_check_interval_ms, self._retention)))
+        host, port = self.config.advertised
+        log.info("oncelog broker %d listening on %s:%d (advertised %s:%d), data in %s",
+                 self.config.node_id, self.config.listen_host, self.config.listen_port, host, port,
+                 self.config.data_dir)
+
+    @property
+    def bound_port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.close()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+        self.logs.close()
+        log.info("oncelog broker stopped cleanly")
+
+    async def _every(self, interval_ms: int, fn: Any) -> None:
+        interval = max(interval_ms, 10) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                fn()
+            except Exception:
+                log.exception("background task %s failed", getattr(fn, "__name__", fn))
+
+    def _flush(self) -> None:
+        self.logs.flush_all(self.clock.now_ms())
+
+    def _retention(self) -> None:
+        self.logs.apply_retention_all(self.clock.now_ms())
+
+    # --- delayed fetch support ------------------------------------------------------------------
+    def notify_append(self, tp: TopicPartition) -> None:
+        waiters = self._waiters.pop(tp, None)
+        if waiters:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def wait_for_append(self, partitions: Iterable[TopicPartition], timeout_s: float) -> None:
+        """Return when any of ``partitions`` gets an append, or after ``timeout_s``."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        tps = list(partitions)
+        for tp in tps:
+            self._waiters.setdefault(tp, set()).add(fut)
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            for tp in tps:
+                s = self._waiters.get(tp)
+                if s is not None:
+                    s.discard(fut)
+                    if not s:
+                        del self._waiters[tp]
+
+    # --- helpers for handlers -------------------------------------------------------------------
+    def check_transactional_produce(self, producer_id: int, producer_epoch: int, topic: str,
+                                    partition: int) -> ErrorCode:
+        """KIP-890: a transactional write must target a partition already added to the producer's
+        ongoing transaction, so a late produce can never land in the next transaction."""
+        coordinator = getattr(self, "txn_coordinator", None)
+        if coordinator is None:
+            return ErrorCode.none
+        return ErrorCode(coordinator.is_partition_in_transaction(producer_id, producer_epoch, topic, partition))
+
+    def api_version_entries(self) -> list[dict[str, int]]:
+        return [{"api_key": k, "min_version": lo, "max_version": hi}
+                for k, (lo, hi) in sorted(self.supported_versions.items())]

@@ -1,0 +1,96 @@
+"""`oncelog broker`: run the broker in the foreground until SIGTERM or SIGINT, then shut down cleanly."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from oncelog.server.config import BrokerConfig, parse_host_port
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", type=Path, help="directory for partition logs (created if missing)")
+    p.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:9092)")
+    p.add_argument("--advertised-listener", help="HOST:PORT clients are told to connect to")
+    p.add_argument("--config", type=Path, help="TOML file with broker configs (flags override it)")
+    p.add_argument("--node-id", type=int)
+    p.add_argument("--auto-create-topics", action="store_true", default=None,
+                   help="create unknown topics on Metadata/Produce (Kafka's auto.create.topics.enable)")
+    p.add_argument("--num-partitions", type=int, help="partitions of auto-created topics")
+    p.add_argument("--flush-interval-ms", type=int, help="background fsync interval (default 1000)")
+    p.add_argument("--flush-every-append", action="store_true", default=None,
+                   help="fsync every append before acknowledging it")
+    p.add_argument("--segment-bytes", type=int, dest="log_segment_bytes")
+    p.add_argument("--socket-request-max-bytes", type=int)
+    p.add_argument("--transaction-abort-interval-ms", type=int,
+                   dest="transaction_abort_timed_out_transaction_cleanup_interval_ms",
+                   help="how often timed-out transactions are looked for (default 10000)")
+    p.add_argument("--transaction-max-timeout-ms", type=int)
+    p.add_argument("--group-initial-rebalance-delay-ms", type=int)
+    p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
+
+
+_FLAG_KEYS = ("node_id", "auto_create_topics", "num_partitions", "flush_interval_ms", "flush_every_append",
+              "log_segment_bytes", "socket_request_max_bytes",
+              "transaction_abort_timed_out_transaction_cleanup_interval_ms", "transaction_max_timeout_ms",
+              "group_initial_rebalance_delay_ms", "log_level")
+
+
+def config_from_args(args: argparse.Namespace) -> BrokerConfig:
+    cfg = BrokerConfig.from_toml(args.config) if args.config else BrokerConfig()
+    values: dict[str, object] = {}
+    if args.data_dir is not None:
+        values["data_dir"] = str(args.data_dir)
+    if args.listen:
+        values["listen"] = args.listen
+    if args.advertised_listener:
+        parse_host_port(args.advertised_listener)
+        values["advertised_listener"] = args.advertised_listener
+    for key in _FLAG_KEYS:
+        value = getattr(args, key, None)
+        if value is not None:
+            values[key] = value
+    cfg.update(values)
+    return cfg
+
+
+async def serve(cfg: BrokerConfig) -> None:
+    from oncelog.server.broker import Broker
+
+    broker = Broker(cfg)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await broker.start()
+    try:
+        await stop.wait()
+    finally:
+        logging.getLogger("oncelog.server").info("shutting down")
+        await broker.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except (ValueError, OSError) as exc:
+        print(f"oncelog broker: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=getattr(logging, str(cfg.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    try:
+        runner(serve(cfg))
+    except OSError as exc:
+        print(f"oncelog broker: cannot start: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,109 @@
+"""Broker configuration: defaults, a TOML file, then command-line flags, in that order of precedence.
+
+Names follow Kafka's broker configs in snake_case (``auto.create.topics.enable`` ->
+``auto_create_topics_enable``); durations end in ``_ms``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    """'HOST:PORT' (IPv6 as '[::1]:9092') -> (host, port); ValueError with a clear message."""
+    host, sep, port_s = value.rpartition(":")
+    if not sep or not port_s.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    port = int(port_s)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range in {value!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, port
+
+
+@dataclass
+class BrokerConfig:
+    data_dir: Path = Path("./oncelog-data")
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 9092
+    advertised_host: str | None = None
+    advertised_port: int | None = None
+    node_id: int = 1
+    cluster_id: str = "oncelog-cluster"
+    auto_create_topics_enable: bool = False
+    num_partitions: int = 1
+    socket_request_max_bytes: int = 100 * 1024 * 1024
+    # Durability: by default fsync runs in the background every flush_interval_ms; with
+    # flush_every_append every append is fsynced before it is acknowledged.
+    flush_interval_ms: int = 1000
+    flush_every_append: bool = False
+    log_segment_bytes: int = 1024 * 1024 * 1024
+    log_roll_ms: int = 7 * 24 * 3600 * 1000
+    log_retention_ms: int = 7 * 24 * 3600 * 1000
+    log_retention_bytes: int = -1
+    log_retention_check_interval_ms: int = 300_000
+    message_max_bytes: int = 1024 * 1024 + 12
+    # Transactions and idempotence.
+    transaction_max_timeout_ms: int = 900_000
+    transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
+    producer_id_expiration_ms: int = 24 * 3600 * 1000
+    transaction_state_log_num_partitions: int = 1
+    # Groups.
+    offsets_topic_num_partitions: int = 1
+    group_min_session_timeout_ms: int = 6000
+    group_max_session_timeout_ms: int = 1_800_000
+    group_initial_rebalance_delay_ms: int = 3000
+    offsets_retention_minutes: int = 7 * 24 * 60
+    log_level: str = "INFO"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        host = self.advertised_host or self.listen_host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return host, self.advertised_port or self.listen_port
+
+    def update(self, values: dict[str, Any]) -> None:
+        """Apply a flat mapping of config names (Kafka dotted or snake_case); unknown names raise."""
+        names = {f.name for f in dataclasses.fields(self)}
+        for raw_key, value in values.items():
+            key = raw_key.replace(".", "_").replace("-", "_")
+            if key == "auto_create_topics":
+                key = "auto_create_topics_enable"
+            if key == "listen" and isinstance(value, str):
+                self.listen_host, self.listen_port = parse_host_port(value)
+                continue
+            if key in ("advertised_listener", "advertised_listeners") and isinstance(value, str):
+                self.advertised_host, self.advertised_port = parse_host_port(value)
+                continue
+            if key not in names or key == "extra":
+                raise ValueError(f"unknown broker config {raw_key!r}")
+            current = getattr(self, key)
+            if key == "data_dir":
+                value = Path(value)
+            elif isinstance(current, bool):
+                if not isinstance(value, bool):
+                    raise ValueError(f"config {raw_key!r} must be true or false")
+            elif isinstance(current, int) and not isinstance(value, int):
+                raise ValueError(f"config {raw_key!r} must be an integer")
+            setattr(self, key, value)
+
+    @classmethod
+    def from_toml(cls, path: Path) -> BrokerConfig:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+        flat: dict[str, Any] = {}
+        for k, v in data.items():
+            if isinstance(v, dict):  # allow [broker] / [log] tables
+                flat.update(v)
+            else:
+                flat[k] = v
+        cfg = cls()
+        cfg.update(flat)
+        return cfg

@@ -1,0 +1,26 @@
+"""Request handlers, one module per API family. Each takes (broker, request) and returns a dict (the
+response body as plain data, built per version by ``protocol.messages.build``), a kio response, an
+awaitable of either, or None when no response must be sent (acks=0)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from oncelog.protocol import versions as v
+from oncelog.server.handlers import admin, fetch, list_offsets, metadata, produce
+
+Handler = Callable[[Any, Any], Any]
+
+HANDLERS: dict[int, Handler] = {
+    v.API_API_VERSIONS: metadata.handle_api_versions,
+    v.API_METADATA: metadata.handle_metadata,
+    v.API_DESCRIBE_CLUSTER: metadata.handle_describe_cluster,
+    v.API_PRODUCE: produce.handle_produce,
+    v.API_FETCH: fetch.handle_fetch,
+    v.API_LIST_OFFSETS: list_offsets.handle_list_offsets,
+    v.API_CREATE_TOPICS: admin.handle_create_topics,
+    v.API_DELETE_TOPICS: admin.handle_delete_topics,
+    v.API_CREATE_PARTITIONS: admin.handle_create_partitions,
+    v.API_DESCRIBE_CONFIGS: admin.handle_describe_configs,
+}

@@ -1,0 +1,179 @@
+"""CreateTopics, DeleteTopics, CreatePartitions and DescribeConfigs.
+
+A single node: replication factor must be -1 or 1, manual replica assignments may only name this
+broker. Internal topics (``__transaction_state``, ``__consumer_offsets``) cannot be deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from oncelog.protocol.errors import ErrorCode
+from oncelog.protocol.messages import Request
+from oncelog.storage import errors as storage_errors
+
+if TYPE_CHECKING:
+    from oncelog.server.broker import Broker
+
+log = logging.getLogger("oncelog.server")
+
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+SOURCE_DYNAMIC_TOPIC = 1
+SOURCE_STATIC_BROKER = 4
+SOURCE_DEFAULT = 5
+
+
+def _storage_error(exc: Exception) -> ErrorCode:
+    if isinstance(exc, storage_errors.TopicExistsError):
+        return ErrorCode.topic_already_exists
+    if isinstance(exc, storage_errors.InvalidTopicError):
+        return ErrorCode.invalid_topic_exception
+    if isinstance(exc, storage_errors.InvalidPartitionsError):
+        return ErrorCode.invalid_partitions
+    if isinstance(exc, storage_errors.InvalidConfigError):
+        return ErrorCode.invalid_config
+    return ErrorCode.unknown_server_error
+
+
+def handle_create_topics(broker: Broker, req: Request) -> dict[str, Any]:
+    body = req.body
+    validate_only = getattr(body, "validate_only", False)
+    out = []
+    seen: set[str] = set()
+    for t in body.topics:
+        entry: dict[str, Any] = {"name": t.name, "error_code": ErrorCode.none, "error_message": None,
+                                 "num_partitions": -1, "replication_factor": -1, "configs": None}
+        n = t.num_partitions if t.num_partitions != -1 else broker.config.num_partitions
+        configs = {c.name: c.value for c in t.configs}
+        if t.name in seen:
+            entry.update(error_code=ErrorCode.invalid_request, error_message="duplicate topic in request")
+        elif t.assignments:
+            bad = [a for a in t.assignments if list(a.broker_ids) != [broker.config.node_id]]
+            if bad:
+                entry.update(error_code=ErrorCode.invalid_replica_assignment,
+                             error_message=f"this cluster has one broker, id {broker.config.node_id}")
+            else:
+                n = len(t.assignments)
+        if entry["error_code"] == ErrorCode.none and t.replication_factor not in (-1, 1):
+            entry.update(error_code=ErrorCode.invalid_replication_factor,
+                         error_message="replication factor must be 1 on a single-node cluster")
+        if entry["error_code"] == ErrorCode.none and n <= 0:
+            entry.update(error_code=ErrorCode.invalid_partitions, error_message="partitions must be >= 1")
+        seen.add(t.name)
+        if entry["error_code"] == ErrorCode.none:
+            try:
+                if validate_only:
+                    broker.logs.validate_new_topic(t.name, n, configs)
+                    entry.update(num_partitions=n, replication_factor=1)
+                else:
+                    info = broker.logs.create_topic(t.name, n, configs)
+                    entry.update(topic_id=info.topic_id, num_partitions=info.num_partitions,
+                                 replication_factor=1)
+                    log.info("created topic %s with %d partition(s)", t.name, n)
+            except storage_errors.StorageError as exc:
+                entry.update(error_code=_storage_error(exc), error_message=str(exc))
+        out.append(entry)
+    return {"throttle_time": 0, "topics": out}
+
+
+def handle_delete_topics(broker: Broker, req: Request) -> dict[str, Any]:
+    body = req.body
+    if hasattr(body, "topics"):
+        by_id = {info.topic_id: name for name, info in broker.logs.topics().items()}
+        names = [(t.name or by_id.get(t.topic_id), t.topic_id) for t in body.topics]
+    else:
+        names = [(n, None) for n in body.topic_names]
+    out = []
+    for name, topic_id in names:
+        entry: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": ErrorCode.none,
+                                 "error_message": None}
+        info = broker.logs.topics().get(name) if name else None
+        if info is None:
+            entry["error_code"] = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
+        elif info.is_internal:
+            entry.update(error_code=ErrorCode.invalid_topic_exception,
+                         error_message="internal topics cannot be deleted")
+        else:
+            entry["topic_id"] = info.topic_id
+            broker.logs.delete_topic(name)
+            for p in range(info.num_partitions):
+                broker.notify_append((name, p))
+            log.info("deleted topic %s", name)
+        out.append(entry)
+    return {"throttle_time": 0, "responses": out}
+
+
+def handle_create_partitions(broker: Broker, req: Request) -> dict[str, Any]:
+    body = req.body
+    out = []
+    for t in body.topics:
+        entry: dict[str, Any] = {"name": t.name, "error_code": ErrorCode.none, "error_message": None}
+        info = broker.logs.topics().get(t.name)
+        if info is None:
+            entry["error_code"] = ErrorCode.unknown_topic_or_partition
+        elif info.is_internal:
+            entry.update(error_code=ErrorCode.invalid_topic_exception, error_message="internal topic")
+        elif t.count <= info.num_partitions:
+            entry.update(error_code=ErrorCode.invalid_partitions,
+                         error_message=f"topic has {info.num_partitions} partitions; new count must be larger")
+        elif not body.validate_only:
+            try:
+                broker.logs.create_partitions(t.name, t.count)
+            except storage_errors.StorageError as exc:
+                entry.update(error_code=_storage_error(exc), error_message=str(exc))
+        out.append(entry)
+    return {"throttle_time": 0, "results": out}
+
+
+def _broker_configs(broker: Broker) -> dict[str, str]:
+    c = broker.config
+    return {
+        "broker.id": str(c.node_id),
+        "auto.create.topics.enable": str(c.auto_create_topics_enable).lower(),
+        "num.partitions": str(c.num_partitions),
+        "log.segment.bytes": str(c.log_segment_bytes),
+        "log.retention.ms": str(c.log_retention_ms),
+        "log.retention.bytes": str(c.log_retention_bytes),
+        "log.flush.interval.ms": str(c.flush_interval_ms),
+        "message.max.bytes": str(c.message_max_bytes),
+        "transaction.max.timeout.ms": str(c.transaction_max_timeout_ms),
+        "socket.request.max.bytes": str(c.socket_request_max_bytes),
+    }
+
+
+def handle_describe_configs(broker: Broker, req: Request) -> dict[str, Any]:
+    body = req.body
+    results = []
+    for r in body.resources:
+        keys = set(r.configuration_keys) if r.configuration_keys is not None else None
+        entry: dict[str, Any] = {"error_code": ErrorCode.none, "error_message": None,
+                                 "resource_type": r.resource_type, "resource_name": r.resource_name,
+                                 "configs": []}
+        if r.resource_type == RESOURCE_TOPIC:
+            info = broker.logs.topics().get(r.resource_name)
+            if info is None:
+                entry["error_code"] = ErrorCode.unknown_topic_or_partition
+            else:
+                items = broker.logs.topic_configs(r.resource_name)
+                entry["configs"] = [
+                    {"name": name, "value": value, "read_only": False, "is_default": is_default,
+                     "config_source": SOURCE_DEFAULT if is_default else SOURCE_DYNAMIC_TOPIC,
+                     "is_sensitive": False, "synonyms": [], "config_type": 0, "documentation": None}
+                    for name, (value, is_default) in sorted(items.items())
+                    if keys is None or name in keys]
+        elif r.resource_type == RESOURCE_BROKER:
+            if r.resource_name not in ("", str(broker.config.node_id)):
+                entry["error_code"] = ErrorCode.invalid_request
+            else:
+                entry["configs"] = [
+                    {"name": name, "value": value, "read_only": True, "is_default": False,
+                     "config_source": SOURCE_STATIC_BROKER, "is_sensitive": False, "synonyms": [],
+                     "config_type": 0, "documentation": None}
+                    for name, value in sorted(_broker_configs(broker).items())
+                    if keys is None or name in keys]
+        else:
+            entry.update(error_code=ErrorCode.invalid_request, error_message="unsupported resource type")
+        results.append(entry)
+    return {"throttle_time": 0, "results": results}

@@ -1,0 +1,99 @@
+"""Fetch: read raw batches below the high watermark (read_uncommitted) or the LSO (read_committed).
+
+A fetch that finds fewer than ``min_bytes`` waits up to ``max_wait_ms`` and is woken by any append to
+one of its partitions (Kafka's delayed fetch). Response size follows KIP-74: ``max_bytes`` bounds
+the whole response and ``partition_max_bytes`` each partition, except that the first partition
+with data always returns at least one whole batch so a large batch can never stall a consumer.
+Fetch sessions (KIP-227) are declined by answering session id 0: clients then send full fetches.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from oncelog.protocol.errors import ErrorCode
+from oncelog.protocol.messages import Request, td_ms
+from oncelog.storage import errors as storage_errors
+
+if TYPE_CHECKING:
+    from oncelog.server.broker import Broker
+
+READ_COMMITTED = 1
+
+
+def _partition_error(index: int, code: ErrorCode, plog: Any = None) -> dict[str, Any]:
+    return {"partition_index": index, "error_code": code,
+            "high_watermark": plog.high_watermark if plog is not None else -1,
+            "last_stable_offset": plog.last_stable_offset if plog is not None else -1,
+            "log_start_offset": plog.log_start_offset if plog is not None else -1,
+            "aborted_transactions": None, "preferred_read_replica": -1, "records": b""}
+
+
+def read_fetch(broker: Broker, body: Any, isolation_level: int, max_bytes: int) -> tuple[list[dict[str, Any]], int, bool]:
+    """One pass over the requested partitions: (topics, bytes returned, any error)."""
+    remaining = max_bytes
+    total = 0
+    errored = False
+    topics_out = []
+    logs = broker.logs
+    for ft in body.topics:
+        topic = ft.topic
+        parts = []
+        for fp in ft.partitions:
+            index = fp.partition
+            plog = logs.get_partition(topic, index)
+            if plog is None:
+                parts.append(_partition_error(index, ErrorCode.unknown_topic_or_partition))
+                errored = True
+                continue
+            upper = plog.last_stable_offset if isolation_level == READ_COMMITTED else plog.high_watermark
+            fetch_offset = fp.fetch_offset
+            if fetch_offset < plog.log_start_offset or fetch_offset > plog.log_end_offset:
+                parts.append(_partition_error(index, ErrorCode.offset_out_of_range, plog))
+                errored = True
+                continue
+            data = b""
+            aborted = None
+            if fetch_offset < upper and remaining > 0:
+                limit = min(fp.partition_max_bytes, remaining)
+                try:
+                    fd = plog.read(fetch_offset, limit, max_offset=upper, min_one_message=(total == 0))
+                except storage_errors.OffsetOutOfRangeError:
+                    parts.append(_partition_error(index, ErrorCode.offset_out_of_range, plog))
+                    errored = True
+                    continue
+                data = fd.records
+                if data and isolation_level == READ_COMMITTED:
+                    aborted = [{"producer_id": pid, "first_offset": first}
+                               for pid, first in plog.aborted_transactions(fetch_offset, upper)]
+                remaining -= len(data)
+                total += len(data)
+            if isolation_level == READ_COMMITTED and aborted is None:
+                aborted = []
+            parts.append({"partition_index": index, "error_code": ErrorCode.none,
+                          "high_watermark": plog.high_watermark, "last_stable_offset": plog.last_stable_offset,
+                          "log_start_offset": plog.log_start_offset, "aborted_transactions": aborted,
+                          "preferred_read_replica": -1, "records": data})
+        topics_out.append({"topic": topic, "partitions": parts})
+    return topics_out, total, errored
+
+
+async def handle_fetch(broker: Broker, req: Request) -> dict[str, Any]:
+    body = req.body
+    isolation_level = getattr(body, "isolation_level", 0)
+    max_bytes = getattr(body, "max_bytes", 0x7FFFFFFF)
+    max_wait_s = max(td_ms(body.max_wait), 0) / 1000
+    min_bytes = body.min_bytes
+    deadline = time.monotonic() + max_wait_s
+    partitions = [(ft.topic, fp.partition) for ft in body.topics for fp in ft.partitions]
+    while True:
+        topics_out, total, errored = read_fetch(broker, body, isolation_level, max_bytes)
+        remaining_s = deadline - time.monotonic()
+        if total >= min_bytes or errored or remaining_s <= 0 or not partitions:
+            break
+        await broker.wait_for_append(partitions, remaining_s)
+        if time.monotonic() >= deadline:
+            topics_out, total, errored = read_fetch(broker, body, isolation_level, max_bytes)
+            break
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": topics_out}

@@ -1,0 +1,46 @@
+"""ListOffsets: earliest (-2), latest (-1, the LSO for read_committed) and offsets by timestamp."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from oncelog.protocol.errors import ErrorCode
+from oncelog.protocol.messages import Request
+
+if TYPE_CHECKING:
+    from oncelog.server.broker import Broker
+
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+READ_COMMITTED = 1
+
+
+def handle_list_offsets(broker: Broker, req: Request) -> dict[str, Any]:
+    body = req.body
+    isolation_level = getattr(body, "isolation_level", 0)
+    topics_out = []
+    for t in body.topics:
+        parts = []
+        for p in t.partitions:
+            plog = broker.logs.get_partition(t.name, p.partition_index)
+            entry: dict[str, Any] = {"partition_index": p.partition_index, "error_code": ErrorCode.none,
+                                     "timestamp": -1, "offset": -1, "leader_epoch": -1}
+            if plog is None:
+                entry["error_code"] = ErrorCode.unknown_topic_or_partition
+            elif p.timestamp == LATEST_TIMESTAMP:
+                entry["offset"] = (plog.last_stable_offset if isolation_level == READ_COMMITTED
+                                   else plog.high_watermark)
+            elif p.timestamp == EARLIEST_TIMESTAMP:
+                entry["offset"] = plog.log_start_offset
+            elif p.timestamp < 0:
+                entry["error_code"] = ErrorCode.unsupported_version
+            else:
+                found = plog.offset_for_timestamp(p.timestamp)
+                if found is not None:
+                    offset, ts = found
+                    bound = plog.last_stable_offset if isolation_level == READ_COMMITTED else plog.high_watermark
+                    if offset < bound:
+                        entry["offset"], entry["timestamp"] = offset, ts
+            parts.append(entry)
+        topics_out.append({"name": t.name, "partitions": parts})
+    return {"throttle_time": 0, "topics": topics_out}

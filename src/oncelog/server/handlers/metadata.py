@@ -1,0 +1,82 @@
+"""ApiVersions, Metadata and DescribeCluster: how clients discover the broker and its topics.
+
+The broker reports itself as the only node, leader of every partition, with leader epoch -1 so
+that librdkafka never calls OffsetForLeaderEpoch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from oncelog.protocol.errors import ErrorCode
+from oncelog.protocol.messages import Request
+from oncelog.server.topics import ensure_topic, topic_error
+
+if TYPE_CHECKING:
+    from oncelog.server.broker import Broker
+
+
+def handle_api_versions(broker: Broker, req: Request) -> dict[str, Any]:
+    return {"error_code": ErrorCode.none, "api_keys": broker.api_version_entries(), "throttle_time": 0}
+
+
+def _broker_entry(broker: Broker) -> dict[str, Any]:
+    host, port = broker.config.advertised
+    return {"node_id": broker.config.node_id, "host": host, "port": port, "rack": None,
+            "broker_id": broker.config.node_id}
+
+
+def topic_metadata(broker: Broker, name: str, info: Any) -> dict[str, Any]:
+    node = broker.config.node_id
+    return {
+        "error_code": ErrorCode.none, "name": name, "topic_id": info.topic_id, "is_internal": info.is_internal,
+        "partitions": [{"error_code": ErrorCode.none, "partition_index": p, "leader_id": node, "leader_epoch": -1,
+                        "replica_nodes": [node], "isr_nodes": [node], "offline_replicas": []}
+                       for p in range(info.num_partitions)],
+        "topic_authorized_operations": -2147483648,
+    }
+
+
+def handle_metadata(broker: Broker, req: Request) -> dict[str, Any]:
+    body = req.body
+    requested = body.topics
+    topics_out: list[dict[str, Any]] = []
+    all_topics = broker.logs.topics()
+    if requested is None or (req.api_version == 0 and len(requested) == 0):
+        for name, info in sorted(all_topics.items()):
+            topics_out.append(topic_metadata(broker, name, info))
+    else:
+        allow_auto = getattr(body, "allow_auto_topic_creation", True)
+        for t in requested:
+            name = t.name
+            if name is None:  # v10+ lookup by topic id
+                by_id = {info.topic_id: (n, info) for n, info in all_topics.items()}
+                found = by_id.get(t.topic_id)
+                if found is None:
+                    topics_out.append({"error_code": ErrorCode.unknown_topic_id, "name": None,
+                                       "topic_id": t.topic_id, "partitions": []})
+                else:
+                    topics_out.append(topic_metadata(broker, *found))
+                continue
+            info, err = ensure_topic(broker, name, auto_create=allow_auto)
+            if info is None:
+                topics_out.append(topic_error(name, err))
+            else:
+                topics_out.append(topic_metadata(broker, name, info))
+    return {
+        "throttle_time": 0,
+        "brokers": [_broker_entry(broker)],
+        "cluster_id": broker.config.cluster_id,
+        "controller_id": broker.config.node_id,
+        "topics": topics_out,
+        "cluster_authorized_operations": -2147483648,
+    }
+
+
+def handle_describe_cluster(broker: Broker, req: Request) -> dict[str, Any]:
+    return {
+        "throttle_time": 0, "error_code": ErrorCode.none, "error_message": None,
+        "endpoint_type": 1, "cluster_id": broker.config.cluster_id,
+        "controller_id": broker.config.node_id, "brokers": [_broker_entry(broker)],
+        "cluster_authorized_operations": -2147483648,
+    }

@@ -1,0 +1,81 @@
+"""Produce: validate each partition's record batches and append them.
+
+The broker never decodes records: ``PartitionLog.append`` checks headers and CRCs, the producer
+state (idempotence, epochs, transactions) and assigns offsets. Errors are per partition; one bad
+partition does not fail the others. acks=0 gets no response at all, as in Kafka.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from oncelog.protocol import records
+from oncelog.protocol.errors import ErrorCode
+from oncelog.protocol.messages import Request
+from oncelog.server.topics import ensure_topic
+from oncelog.storage import errors as storage_errors
+
+if TYPE_CHECKING:
+    from oncelog.server.broker import Broker
+
+log = logging.getLogger("oncelog.server")
+
+
+def _error(index: int, code: ErrorCode, message: str | None = None) -> dict[str, Any]:
+    return {"index": index, "error_code": code, "base_offset": -1, "log_append_time": -1,
+            "log_start_offset": -1, "error_message": message}
+
+
+def produce_partition(broker: Broker, topic: str, partition: int, data: bytes | None,
+                      transactional_id: str | None) -> dict[str, Any]:
+    info, err = ensure_topic(broker, topic)
+    if info is None:
+        return _error(partition, err)
+    if info.is_internal:
+        return _error(partition, ErrorCode.invalid_topic_exception, "cannot produce to an internal topic")
+    plog = broker.logs.get_partition(topic, partition)
+    if plog is None:
+        return _error(partition, ErrorCode.unknown_topic_or_partition)
+    if not data:
+        return _error(partition, ErrorCode.corrupt_message, "empty record set")
+    try:
+        first = records.read_header(data, 0)
+    except records.InvalidRecordError as exc:
+        return _error(partition, ErrorCode.corrupt_message, str(exc))
+    if first.magic != records.MAGIC_V2:
+        return _error(partition, ErrorCode.unsupported_for_message_format,
+                      "only RecordBatch v2 (magic 2) is supported")
+    if first.is_transactional:
+        if transactional_id is None:
+            return _error(partition, ErrorCode.invalid_request, "transactional batch without a transactional id")
+        code = broker.check_transactional_produce(first.producer_id, first.producer_epoch, topic, partition)
+        if code != ErrorCode.none:
+            return _error(partition, code)
+    try:
+        result = plog.append(data)
+    except records.InvalidRecordError as exc:
+        log.warning("rejecting corrupt batch for %s-%d: %s", topic, partition, exc)
+        return _error(partition, ErrorCode.corrupt_message, str(exc))
+    except storage_errors.RecordTooLargeError as exc:
+        return _error(partition, ErrorCode.message_too_large, str(exc))
+    except storage_errors.ProducerStateError as exc:
+        return _error(partition, ErrorCode(exc.error_code), str(exc))
+    if not result.duplicate:
+        broker.notify_append((topic, partition))
+    return {"index": partition, "error_code": ErrorCode.none, "base_offset": result.base_offset,
+            "log_append_time": result.log_append_time_ms, "log_start_offset": result.log_start_offset,
+            "error_message": None}
+
+
+def handle_produce(broker: Broker, req: Request) -> dict[str, Any] | None:
+    body = req.body
+    transactional_id = getattr(body, "transactional_id", None)
+    responses = []
+    for topic_data in body.topic_data:
+        parts = [produce_partition(broker, topic_data.name, pd.index, pd.records, transactional_id)
+                 for pd in topic_data.partition_data]
+        responses.append({"name": topic_data.name, "partition_responses": parts})
+    if body.acks == 0:
+        return None
+    return {"responses": responses, "throttle_time": 0}
