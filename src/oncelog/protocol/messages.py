@@ -140,6 +140,13 @@ def _ms_to_td(v: Any) -> Any:
     return datetime.timedelta(milliseconds=v) if isinstance(v, int) else v
 
 
+def _ms_to_datetime(v: Any) -> Any:
+    """Kafka encodes "no timestamp" as -1, which kio models as None."""
+    if isinstance(v, int):
+        return None if v < 0 else datetime.datetime.fromtimestamp(v / 1000, tz=datetime.UTC)
+    return v
+
+
 def _converter(tp: Any) -> tuple[_Converter | None, Any]:
     """(converter for a provided value, implicit default) for a field type."""
     origin = typing.get_origin(tp)
@@ -159,6 +166,8 @@ def _converter(tp: Any) -> tuple[_Converter | None, Any]:
             return (lambda v: build(tp, v)), None  # default resolved lazily
         if issubclass(tp, (i32Timedelta, i64Timedelta, datetime.timedelta)):
             return _ms_to_td, datetime.timedelta(0)
+        if issubclass(tp, datetime.datetime):
+            return _ms_to_datetime, None
         if issubclass(tp, ErrorCode):
             return ErrorCode, ErrorCode.none
         if issubclass(tp, bool):
