@@ -1,0 +1,113 @@
+"""Glue between the sans-IO coordinators and the logs: records, then replay.
+
+Invariants:
+- Coordinator state changes only by ``replay``: a handler's records are appended to the internal log
+  first, then replayed. Startup replays every record of the internal logs through the same methods,
+  so recovery runs the code that normal operation runs.
+- ``apply_txn_result`` runs without awaiting: append to ``__transaction_state``, replay, write the
+  COMMIT/ABORT markers into every partition of the transaction (and the group's offsets partition),
+  then append and replay the Complete* transition. No other request can observe a half-done step.
+- A crash between PrepareCommit and CompleteCommit leaves the Prepare* record in the log; on restart
+  ``pending_markers()`` lists it and the markers are written again (writing a marker twice is
+  harmless: the second finds no open transaction for the producer and is a no-op for the LSO).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from oncelog.coordinator.producer_ids import ProducerIdManager
+from oncelog.coordinator.transaction.coordinator import TransactionCoordinator
+from oncelog.protocol import records as rb
+from oncelog.server.internal_log import encode_batch, read_all
+from oncelog.storage.partition_log import AppendOrigin
+
+if TYPE_CHECKING:
+    from oncelog.server.broker import Broker
+
+log = logging.getLogger("oncelog.server")
+
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
+
+
+class Coordination:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        cfg = broker.config
+        logs = broker.logs
+        for name, n in ((TRANSACTION_STATE_TOPIC, cfg.transaction_state_log_num_partitions),
+                        (CONSUMER_OFFSETS_TOPIC, cfg.offsets_topic_num_partitions)):
+            if name not in logs.topics():
+                logs.create_topic(name, n, {}, internal=True)
+        self.producer_ids = ProducerIdManager(cfg.data_dir / "__meta" / "producer_ids")
+        self.txn = TransactionCoordinator(
+            self.producer_ids, broker.clock,
+            transaction_max_timeout_ms=cfg.transaction_max_timeout_ms,
+            transactional_id_expiration_ms=cfg.transactional_id_expiration_ms,
+            offsets_partition_for=self.offsets_partition_for,
+        )
+        self.fault_point = os.environ.get("ONCELOG_FAULT_POINT", "")
+
+    # --- partitions of internal topics ---------------------------------------------------------
+    def offsets_partition_for(self, group_id: str) -> tuple[str, int]:
+        n = self.broker.logs.topics()[CONSUMER_OFFSETS_TOPIC].num_partitions
+        return CONSUMER_OFFSETS_TOPIC, zlib.crc32(group_id.encode()) % n
+
+    def _txn_log(self) -> Any:
+        plog = self.broker.logs.get_partition(TRANSACTION_STATE_TOPIC, 0)
+        assert plog is not None
+        return plog
+
+    # --- loading --------------------------------------------------------------------------------
+    def load(self) -> None:
+        n = 0
+        for rec in read_all(self._txn_log()):
+            if rec.key is not None:
+                self.txn.replay(rec.key, rec.value)
+                n += 1
+        pending = self.txn.pending_markers()
+        log.info("loaded %d transaction log record(s); %d transaction(s) to complete", n, len(pending))
+        for markers in pending:
+            self._write_markers(markers)
+            self.apply_txn_result(self.txn.markers_written(
+                markers.transactional_id, markers.producer_id, markers.producer_epoch, markers.commit))
+
+    # --- transactions ---------------------------------------------------------------------------
+    def apply_txn_result(self, result: Any) -> None:
+        if result.records:
+            now = self.broker.clock.now_ms()
+            self._txn_log().append(encode_batch(result.records, now), origin=AppendOrigin.COORDINATOR)
+            for key, value in result.records:
+                self.txn.replay(key, value)
+        for markers in result.markers:
+            if self.fault_point == "after_prepare":
+                log.error("fault point after_prepare: exiting before writing markers")
+                os._exit(17)
+            self._write_markers(markers)
+            self.apply_txn_result(self.txn.markers_written(
+                markers.transactional_id, markers.producer_id, markers.producer_epoch, markers.commit))
+
+    def _write_markers(self, markers: Any) -> None:
+        now = self.broker.clock.now_ms()
+        control = rb.CONTROL_COMMIT if markers.commit else rb.CONTROL_ABORT
+        for topic, partition in sorted(markers.partitions):
+            plog = self.broker.logs.get_partition(topic, partition)
+            if plog is None:  # deleted since it joined the transaction
+                continue
+            batch = rb.build_control_batch(control, producer_id=markers.producer_id,
+                                           producer_epoch=markers.producer_epoch,
+                                           coordinator_epoch=markers.coordinator_epoch, timestamp_ms=now)
+            plog.append(batch, origin=AppendOrigin.COORDINATOR)
+            self.on_marker(topic, partition, markers.producer_id, markers.commit)
+            self.broker.notify_append((topic, partition))
+
+    def on_marker(self, topic: str, partition: int, producer_id: int, commit: bool) -> None:
+        """Hook for the group coordinator: pending transactional offsets resolve at the marker."""
+
+    def expire_transactions(self) -> None:
+        for result in self.txn.expire(self.broker.clock.now_ms()):
+            self.apply_txn_result(result)

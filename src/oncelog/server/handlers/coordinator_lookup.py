@@ -1,0 +1,26 @@
+"""FindCoordinator: this single node coordinates every group and every transactional id."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from oncelog.protocol.errors import ErrorCode
+from oncelog.protocol.messages import Request
+
+if TYPE_CHECKING:
+    from oncelog.server.broker import Broker
+
+KEY_TYPE_GROUP = 0
+KEY_TYPE_TRANSACTION = 1
+
+
+def handle_find_coordinator(broker: Broker, req: Request) -> dict[str, Any]:
+    body = req.body
+    host, port = broker.config.advertised
+    node = broker.config.node_id
+    key_type = getattr(body, "key_type", KEY_TYPE_GROUP)
+    if key_type not in (KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION):
+        return {"throttle_time": 0, "error_code": ErrorCode.invalid_request,
+                "error_message": f"unsupported key type {key_type}", "node_id": -1, "host": "", "port": -1}
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "node_id": node,
+            "host": host, "port": port}

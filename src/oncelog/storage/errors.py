@@ -1,0 +1,42 @@
+"""Storage errors. The server maps each to a Kafka error code; none of them may corrupt stored data."""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Base class: an operation was refused and nothing was changed."""
+
+
+class TopicExistsError(StorageError):
+    pass
+
+
+class InvalidTopicError(StorageError):
+    pass
+
+
+class InvalidPartitionsError(StorageError):
+    pass
+
+
+class InvalidConfigError(StorageError):
+    pass
+
+
+class RecordTooLargeError(StorageError):
+    pass
+
+
+class OffsetOutOfRangeError(StorageError):
+    pass
+
+
+class ProducerStateError(StorageError):
+    """An append refused by the producer state (idempotence, epochs, transactions).
+
+    ``error_code`` is the Kafka error code the client must see.
+    """
+
+    def __init__(self, error_code: int, message: str) -> None:
+        super().__init__(message)
+        self.error_code = error_code

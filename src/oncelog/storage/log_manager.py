@@ -1,0 +1,196 @@
+"""All partition logs of a broker, and the topic metadata that says which exist.
+
+``<data_dir>/__meta/topics.json`` is the source of truth for topics (name, topic id, partition count,
+config overrides, internal flag); it is replaced atomically (write, fsync, rename, fsync dir) on each
+change, before/after the directories as needed so a crash leaves either the old or the new topic
+set: a created topic's directories are made before it is listed; a deleted topic is unlisted
+before its directories are removed (stray directories are removed on the next start).
+
+Only the broker's event loop thread calls the log manager.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from oncelog.clock import Clock
+from oncelog.storage.config import LogConfig
+from oncelog.storage.errors import (
+    InvalidConfigError,
+    InvalidPartitionsError,
+    InvalidTopicError,
+    TopicExistsError,
+)
+from oncelog.storage.partition_log import PartitionLog
+
+log = logging.getLogger("oncelog.storage")
+
+_LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
+MAX_TOPIC_NAME = 249
+MAX_PARTITIONS = 10_000
+
+
+@dataclass
+class TopicInfo:
+    name: str
+    topic_id: uuid.UUID
+    num_partitions: int
+    configs: dict[str, str] = field(default_factory=dict)
+    is_internal: bool = False
+
+
+def validate_topic_name(name: str) -> None:
+    if not name:
+        raise InvalidTopicError("topic name is empty")
+    if name in (".", ".."):
+        raise InvalidTopicError(f"topic name cannot be {name!r}")
+    if len(name) > MAX_TOPIC_NAME:
+        raise InvalidTopicError(f"topic name is longer than {MAX_TOPIC_NAME} characters")
+    if not _LEGAL.match(name):
+        raise InvalidTopicError(f"topic name {name!r} has characters other than ASCII alphanumerics, '.', '_', '-'")
+
+
+class LogManager:
+    def __init__(self, data_dir: Path, default_config: LogConfig, clock: Clock) -> None:
+        self.data_dir = data_dir
+        self.default_config = default_config
+        self.clock = clock
+        self.meta_dir = data_dir / "__meta"
+        self.meta_dir.mkdir(parents=True, exist_ok=True)
+        self._topics: dict[str, TopicInfo] = {}
+        self._partitions: dict[tuple[str, int], PartitionLog] = {}
+        self._load()
+
+    # --- metadata --------------------------------------------------------------------------------
+    def _meta_path(self) -> Path:
+        return self.meta_dir / "topics.json"
+
+    def _load(self) -> None:
+        try:
+            doc = json.loads(self._meta_path().read_text())
+        except FileNotFoundError:
+            doc = {"topics": []}
+        for t in doc["topics"]:
+            info = TopicInfo(t["name"], uuid.UUID(t["topic_id"]), int(t["num_partitions"]), dict(t["configs"]),
+                             bool(t.get("internal", False)))
+            self._topics[info.name] = info
+        expected = set()
+        for info in self._topics.values():
+            cfg = self.config_for(info)
+            for p in range(info.num_partitions):
+                d = self._dir(info.name, p)
+                expected.add(d.name)
+                self._partitions[(info.name, p)] = PartitionLog(d, info.name, p, cfg, self.clock)
+        for d in self.data_dir.iterdir():
+            stray = d.name not in expected and re.match(r".+-\d+(\.deleted)?$", d.name)
+            if d.is_dir() and d.name != "__meta" and stray:
+                log.warning("removing directory %s of a deleted or unknown topic", d)
+                shutil.rmtree(d, ignore_errors=True)
+
+    def _save(self) -> None:
+        doc = {"topics": [{"name": t.name, "topic_id": str(t.topic_id), "num_partitions": t.num_partitions,
+                           "configs": t.configs, "internal": t.is_internal} for t in self._topics.values()]}
+        tmp = self._meta_path().with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._meta_path())
+        fd = os.open(self.meta_dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _dir(self, topic: str, partition: int) -> Path:
+        return self.data_dir / f"{topic}-{partition}"
+
+    def config_for(self, info: TopicInfo) -> LogConfig:
+        return self.default_config.with_topic_configs(dict(info.configs))
+
+    # --- topics ----------------------------------------------------------------------------------
+    def topics(self) -> dict[str, TopicInfo]:
+        return self._topics
+
+    def validate_new_topic(self, name: str, num_partitions: int, configs: dict[str, str]) -> LogConfig:
+        validate_topic_name(name)
+        if name in self._topics:
+            raise TopicExistsError(f"topic {name!r} already exists")
+        if not 1 <= num_partitions <= MAX_PARTITIONS:
+            raise InvalidPartitionsError(f"number of partitions must be between 1 and {MAX_PARTITIONS}")
+        collides = name.replace(".", "_")
+        for other in self._topics:
+            if other.replace(".", "_") == collides:
+                raise InvalidTopicError(f"topic {name!r} collides with existing topic {other!r} ('.' vs '_')")
+        try:
+            return self.default_config.with_topic_configs(dict(configs))
+        except InvalidConfigError:
+            raise
+
+    def create_topic(self, name: str, num_partitions: int, configs: dict[str, str], *,
+                     internal: bool = False) -> TopicInfo:
+        cfg = self.validate_new_topic(name, num_partitions, configs)
+        info = TopicInfo(name, uuid.uuid4(), num_partitions, {k: v for k, v in configs.items() if v is not None},
+                         internal)
+        for p in range(num_partitions):
+            d = self._dir(name, p)
+            if d.exists():
+                shutil.rmtree(d)
+            self._partitions[(name, p)] = PartitionLog(d, name, p, cfg, self.clock)
+        self._topics[name] = info
+        self._save()
+        return info
+
+    def delete_topic(self, name: str) -> None:
+        info = self._topics.pop(name)
+        self._save()
+        for p in range(info.num_partitions):
+            plog = self._partitions.pop((name, p), None)
+            if plog is not None:
+                plog.delete()
+
+    def create_partitions(self, name: str, new_total: int) -> None:
+        info = self._topics[name]
+        if new_total <= info.num_partitions or new_total > MAX_PARTITIONS:
+            raise InvalidPartitionsError(f"new partition count {new_total} must exceed {info.num_partitions}")
+        cfg = self.config_for(info)
+        for p in range(info.num_partitions, new_total):
+            self._partitions[(name, p)] = PartitionLog(self._dir(name, p), name, p, cfg, self.clock)
+        info.num_partitions = new_total
+        self._save()
+
+    def topic_configs(self, name: str) -> dict[str, tuple[str, bool]]:
+        info = self._topics[name]
+        return self.config_for(info).to_topic_configs(info.configs)
+
+    def get_partition(self, topic: str, partition: int) -> PartitionLog | None:
+        return self._partitions.get((topic, partition))
+
+    def partitions(self) -> dict[tuple[str, int], PartitionLog]:
+        return self._partitions
+
+    # --- maintenance -----------------------------------------------------------------------------
+    def flush_all(self, now_ms: int, force: bool = False) -> None:
+        for plog in self._partitions.values():
+            if force or plog.needs_flush(now_ms):
+                plog.flush()
+
+    def apply_retention_all(self, now_ms: int) -> None:
+        for plog in self._partitions.values():
+            if not self._topics[plog.topic].is_internal:
+                plog.apply_retention(now_ms)
+
+    def remove_expired_producers(self, now_ms: int, producer_id_expiration_ms: int) -> None:
+        for plog in self._partitions.values():
+            plog.remove_expired_producers(now_ms, producer_id_expiration_ms)
+
+    def close(self) -> None:
+        for plog in self._partitions.values():
+            plog.close()

@@ -1,0 +1,213 @@
+"""One segment of a partition log: ``<base_offset:020d>.log`` plus its indexes.
+
+Layout: the ``.log`` file is a sequence of complete RecordBatch v2 batches, exactly as producers sent
+them but with ``base_offset`` rewritten; nothing else. Invariants: ``size`` is the byte length of the
+valid data (the file is never longer after ``recover``); ``next_offset`` is one past the last offset
+of the last batch; index entries point only at batch starts inside ``size``.
+
+Only the partition log's owner thread (the broker's event loop) calls a segment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from oncelog.protocol import records as rb
+from oncelog.storage.offset_index import OffsetIndex, TimeIndex
+from oncelog.storage.transaction_index import TransactionIndex
+
+log = logging.getLogger("oncelog.storage")
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+class LogSegment:
+    def __init__(self, directory: Path, base_offset: int, created_ms: int, index_interval_bytes: int) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        stem = segment_name(base_offset)
+        self.path = directory / f"{stem}.log"
+        self.offset_index = OffsetIndex(directory / f"{stem}.index", base_offset)
+        self.time_index = TimeIndex(directory / f"{stem}.timeindex", base_offset)
+        self.txn_index = TransactionIndex(directory / f"{stem}.txnindex")
+        self.index_interval_bytes = index_interval_bytes
+        self.created_ms = created_ms
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.size = os.fstat(self.fd).st_size
+        self.next_offset = base_offset
+        self.max_timestamp = -1
+        self._bytes_since_index = 0
+        self.dirty = False
+
+    # --- writes -----------------------------------------------------------------------------------
+    def append(self, data: bytes | bytearray, batches: list[tuple[int, rb.BatchHeader]]) -> None:
+        """Append whole batches whose headers (with final offsets) are ``batches`` (pos in ``data``)."""
+        start = self.size
+        for pos, header in batches:
+            if self._bytes_since_index >= self.index_interval_bytes or start + pos == 0:
+                self.offset_index.append(header.base_offset, start + pos)
+                self._bytes_since_index = 0
+            self._bytes_since_index += header.size
+            if header.max_timestamp > self.max_timestamp:
+                self.max_timestamp = header.max_timestamp
+                self.time_index.maybe_append(header.max_timestamp, header.base_offset)
+        written = os.pwrite(self.fd, data, start)
+        if written != len(data):  # a short write on a regular file means the disk is full
+            os.ftruncate(self.fd, start)
+            raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
+        self.size = start + len(data)
+        self.next_offset = batches[-1][1].last_offset + 1
+        self.dirty = True
+
+    def flush(self) -> None:
+        if self.dirty:
+            os.fsync(self.fd)
+            self.dirty = False
+        self.offset_index.flush()
+        self.time_index.flush()
+
+    # --- reads ------------------------------------------------------------------------------------
+    def pread(self, position: int, length: int) -> bytes:
+        return os.pread(self.fd, length, position)
+
+    def find_position(self, offset: int) -> tuple[int, rb.BatchHeader] | None:
+        """Position and header of the batch containing ``offset`` (or the first after it)."""
+        pos = self.offset_index.lookup(offset)
+        while pos < self.size:
+            head = self.pread(pos, rb.HEADER_SIZE)
+            if len(head) < rb.HEADER_SIZE:
+                return None
+            header = rb.read_header(head)
+            if header.batch_length < rb.HEADER_SIZE - rb.LOG_OVERHEAD:
+                return None
+            if header.last_offset >= offset:
+                return pos, header
+            pos += header.size
+        return None
+
+    def boundary_position(self, offset: int) -> int:
+        """Byte position where the batch starting at ``offset`` begins (or where plausible data ends).
+
+        Used by recovery to skip the trusted prefix: ``offset`` is a recovery point, always a batch
+        boundary, and anything after it may be torn.
+        """
+        pos = self.offset_index.lookup(offset)
+        while pos < self.size:
+            head = self.pread(pos, rb.HEADER_SIZE)
+            if len(head) < rb.HEADER_SIZE:
+                return pos
+            header = rb.read_header(head)
+            if header.base_offset >= offset or header.batch_length < rb.HEADER_SIZE - rb.LOG_OVERHEAD:
+                return pos
+            pos += header.size
+        return min(pos, self.size)
+
+    def iter_batches(self, position: int = 0, chunk: int = 1 << 20):
+        """Yield (position, header, bytes) for complete batches from ``position``; headers only
+        are decoded. Stops at the first incomplete or implausible header."""
+        while position < self.size:
+            data = self.pread(position, min(chunk, self.size - position))
+            consumed = 0
+            for pos, header in rb.iter_headers(data):
+                yield position + pos, header, memoryview(data)[pos : pos + header.size]
+                consumed = pos + header.size
+            if consumed == 0:
+                if len(data) >= rb.HEADER_SIZE:
+                    header = rb.read_header(data)
+                    if header.batch_length >= rb.HEADER_SIZE - rb.LOG_OVERHEAD and \
+                            position + header.size <= self.size:
+                        big = self.pread(position, header.size)
+                        yield position, header, memoryview(big)
+                        position += header.size
+                        continue
+                return
+            position += consumed
+
+    # --- recovery ---------------------------------------------------------------------------------
+    def load_indexes(self) -> bool:
+        """Load both indexes; False if the offset index file was missing (it must be rebuilt)."""
+        existed = self.offset_index.path.exists() and self.time_index.path.exists()
+        self.offset_index.load(self.size)
+        self.time_index.load(2**62)
+        if self.time_index.timestamps:
+            self.max_timestamp = int(self.time_index.timestamps[-1])
+        return existed
+
+    def recover(self, from_position: int, validate: bool, partition: str) -> list[tuple[int, rb.BatchHeader]]:
+        """Scan batches from ``from_position``; truncate the file at the first torn or corrupt batch.
+
+        Rebuilds index entries for the scanned range and returns the scanned (position, header)
+        pairs, so producer state can replay them. With ``validate`` the CRC of every batch is checked.
+        """
+        self.offset_index.truncate_to_position(from_position)
+        found: list[tuple[int, rb.BatchHeader]] = []
+        pos = from_position
+        reason = None
+        self._bytes_since_index = self.index_interval_bytes
+        while pos < self.size:
+            head = self.pread(pos, rb.HEADER_SIZE)
+            if len(head) < rb.HEADER_SIZE:
+                reason = "torn batch header"
+                break
+            header = rb.read_header(head)
+            if header.magic != rb.MAGIC_V2 or header.batch_length < rb.HEADER_SIZE - rb.LOG_OVERHEAD:
+                reason = f"invalid batch header (magic {header.magic}, length {header.batch_length})"
+                break
+            if pos + header.size > self.size:
+                reason = "torn batch (length past end of file)"
+                break
+            if header.base_offset < self.next_offset and found:
+                reason = f"offset {header.base_offset} goes backwards"
+                break
+            if validate:
+                try:
+                    rb.validate_batch(self.pread(pos, header.size))
+                except rb.InvalidRecordError as exc:
+                    reason = str(exc)
+                    break
+            if self._bytes_since_index >= self.index_interval_bytes:
+                self.offset_index.append(header.base_offset, pos)
+                self._bytes_since_index = 0
+            self._bytes_since_index += header.size
+            if header.max_timestamp > self.max_timestamp:
+                self.max_timestamp = header.max_timestamp
+                self.time_index.maybe_append(header.max_timestamp, header.base_offset)
+            found.append((pos, header))
+            self.next_offset = header.last_offset + 1
+            pos += header.size
+        if pos < self.size:
+            log.warning("recovery of %s: truncating segment %s at byte %d (offset %d): %s; %d byte(s) dropped",
+                        partition, self.path.name, pos, self.next_offset, reason, self.size - pos)
+            os.ftruncate(self.fd, pos)
+            os.fsync(self.fd)
+            self.size = pos
+        self.time_index.truncate_to_offset(self.next_offset)
+        self.offset_index.truncate_to_position(self.size)
+        return found
+
+    def truncate_all(self) -> None:
+        os.ftruncate(self.fd, 0)
+        self.size = 0
+        self.next_offset = self.base_offset
+        self.offset_index.truncate_to_position(0)
+        self.time_index.truncate_to_offset(self.base_offset)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.flush()
+            os.close(self.fd)
+            self.fd = -1
+
+    def delete(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        for p in (self.path, self.offset_index.path, self.time_index.path, self.txn_index.path):
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass

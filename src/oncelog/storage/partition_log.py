@@ -1,0 +1,412 @@
+"""A partition's log: an ordered list of segments, producer state, and the offsets clients see.
+
+Directory ``<data_dir>/<topic>-<partition>/`` holds the segments (``<base>.log/.index/.timeindex/
+.txnindex``), ``recovery-point`` (offset below which every byte was fsynced) and
+``producer-state.snapshot`` (producer state as of the recovery point).
+
+Offsets: ``log_start_offset`` <= ``last_stable_offset`` <= ``high_watermark`` == ``log_end_offset``
+(a single node: everything written is "replicated"). The LSO is the first offset of the earliest
+open transaction, or the high watermark when none is open.
+
+Recovery (on open): data below the recovery point is trusted and is not read (its indexes are
+loaded, or rebuilt from batch headers if missing); producer state is loaded from the snapshot taken
+at the recovery point; then only the unflushed tail is scanned, CRC-checked, truncated at the first
+torn or corrupt batch (with a WARNING), and replayed into the producer state. Recovery time is thus
+bounded by the flush interval, not by the size of the log.
+
+Only the broker's event loop thread calls a partition log; no locking.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from oncelog.clock import Clock
+from oncelog.protocol import records as rb
+from oncelog.storage.config import LogConfig
+from oncelog.storage.errors import OffsetOutOfRangeError, RecordTooLargeError
+from oncelog.storage.log_segment import LogSegment
+from oncelog.storage.producer_state import (
+    AppendOrigin,
+    ProducerStateEntry,
+    ProducerStateManager,
+    write_snapshot,
+)
+from oncelog.storage.transaction_index import AbortedTxn
+
+__all__ = ["AppendOrigin", "AppendResult", "FetchData", "PartitionLog"]
+
+log = logging.getLogger("oncelog.storage")
+
+RECOVERY_POINT_FILE = "recovery-point"
+SNAPSHOT_FILE = "producer-state.snapshot"
+LOG_START_FILE = "log-start-offset"
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    log_append_time_ms: int
+    log_start_offset: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FetchData:
+    records: bytes
+    first_offset: int
+
+
+def _write_int_file(path: Path, value: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        f.write(str(value))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_int_file(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+class PartitionLog:
+    def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, clock: Clock) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.partition = partition
+        self.name = f"{topic}-{partition}"
+        self.config = config
+        self.clock = clock
+        directory.mkdir(parents=True, exist_ok=True)
+        self.segments: list[LogSegment] = []
+        self.producer_state = ProducerStateManager()
+        self.log_start_offset = 0
+        self.recovery_point = 0
+        self.last_flush_ms = clock.now_ms()
+        self._lso_cache: int | None = None
+        self._load()
+
+    # --- offsets ---------------------------------------------------------------------------------
+    @property
+    def active(self) -> LogSegment:
+        return self.segments[-1]
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.active.next_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self.active.next_offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        first = self.producer_state.first_unstable_offset()
+        return self.active.next_offset if first is None else first
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    # --- loading and recovery --------------------------------------------------------------------
+    def _load(self) -> None:
+        bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
+        now = self.clock.now_ms()
+        recovery_point = _read_int_file(self.directory / RECOVERY_POINT_FILE) or 0
+        if not bases:
+            start = _read_int_file(self.directory / LOG_START_FILE) or 0
+            self.segments = [LogSegment(self.directory, start, now, self.config.index_interval_bytes)]
+            self.log_start_offset = start
+            self.recovery_point = start
+            return
+        self.segments = [LogSegment(self.directory, b, now, self.config.index_interval_bytes) for b in bases]
+        # Segments wholly below the recovery point: trusted; next_offset is the next segment's base.
+        for seg, nxt in zip(self.segments, self.segments[1:], strict=False):
+            seg.next_offset = nxt.base_offset
+        snapshot = None
+        try:
+            snapshot = ProducerStateManager.from_snapshot((self.directory / SNAPSHOT_FILE).read_bytes())
+        except FileNotFoundError:
+            pass
+        if snapshot is not None and snapshot[1] >= recovery_point:
+            # The snapshot is written after the data it describes was fsynced, so its offset is a
+            # valid recovery point even if the broker died before updating the checkpoint file.
+            self.producer_state, recovery_point = snapshot
+        else:
+            if recovery_point > bases[0]:
+                log.info("%s: no producer state snapshot at %d; rebuilding from the log", self.name,
+                         recovery_point)
+            recovery_point = bases[0]  # rebuild everything (rare: first start after an upgrade)
+        first_unflushed = 0
+        for i in range(len(self.segments)):
+            if i + 1 < len(self.segments) and self.segments[i + 1].base_offset <= recovery_point:
+                first_unflushed = i + 1
+        scanned_batches = 0
+        for i, seg in enumerate(self.segments):
+            had_index = seg.load_indexes()
+            if i < first_unflushed:
+                if not had_index and seg.size:
+                    log.info("%s: rebuilding the indexes of %s", self.name, seg.path.name)
+                    seg.next_offset = seg.base_offset
+                    seg.recover(0, validate=False, partition=self.name)
+                continue
+            # Trusted prefix of this segment: start scanning at the recovery point's position.
+            if seg.base_offset < recovery_point:
+                start_pos = seg.boundary_position(recovery_point)
+                seg.next_offset = recovery_point
+            else:
+                start_pos = 0
+                seg.next_offset = seg.base_offset
+            found_batches = seg.recover(start_pos, validate=True, partition=self.name)
+            scanned_batches += len(found_batches)
+            self._replay(seg, found_batches)
+            if i + 1 < len(self.segments) and seg.next_offset != self.segments[i + 1].base_offset:
+                # A gap after a truncated segment: everything after it is unreachable and unflushed.
+                for later in self.segments[i + 1 :]:
+                    log.warning("recovery of %s: deleting segment %s after a truncated one", self.name,
+                                later.path.name)
+                    later.delete()
+                del self.segments[i + 1 :]
+                break
+        for seg in self.segments:
+            seg.txn_index.load(seg.next_offset)
+        saved_start = _read_int_file(self.directory / LOG_START_FILE)
+        self.log_start_offset = max(self.segments[0].base_offset, saved_start or 0)
+        self.recovery_point = min(max(recovery_point, self.segments[0].base_offset), self.log_end_offset)
+        if scanned_batches:
+            log.info("%s: recovered %d unflushed batch(es); log end offset %d", self.name, scanned_batches,
+                     self.log_end_offset)
+
+    def _replay(self, seg: LogSegment, batches: list[tuple[int, rb.BatchHeader]]) -> None:
+        for pos, header in batches:
+            if header.producer_id < 0:
+                continue
+            control = None
+            if header.is_control:
+                control = rb.control_type_of(seg.pread(pos, header.size), 0, header)
+            plan = self.producer_state.prepare([header], AppendOrigin.REPLAY, [control])
+            lso_before = self.last_stable_offset
+            for done in self.producer_state.complete(plan, [header.base_offset]):
+                if done.is_aborted:
+                    seg.txn_index.append(AbortedTxn(done.producer_id, done.first_offset, done.last_offset,
+                                                    lso_before))
+
+    # --- appends ---------------------------------------------------------------------------------
+    def append(self, records: bytes | bytearray, *, origin: AppendOrigin = AppendOrigin.CLIENT,
+               leader_epoch: int = 0) -> AppendResult:
+        """Validate and append whole batches; offsets are assigned here. See the module docstring."""
+        batches = rb.split_batches(records)
+        max_bytes = self.config.max_message_bytes
+        controls: list[int | None] = []
+        needs_producer_state = False
+        for pos, header in batches:
+            if header.size > max_bytes:
+                raise RecordTooLargeError(f"batch of {header.size} bytes exceeds max.message.bytes {max_bytes}")
+            if header.is_control:
+                if origin is AppendOrigin.CLIENT:
+                    raise rb.InvalidRecordError("clients may not write control batches")
+                controls.append(rb.control_type_of(records, pos, header))
+            else:
+                controls.append(None)
+            if header.producer_id >= 0:
+                needs_producer_state = True
+        headers = [h for _, h in batches]
+        plan = None
+        if needs_producer_state:
+            plan = self.producer_state.prepare(headers, origin, controls)
+            if plan.duplicate is not None:
+                first, last = plan.duplicate
+                return AppendResult(first, last, -1, self.log_start_offset, duplicate=True)
+        now = self.clock.now_ms()
+        self._maybe_roll(now, len(records))
+        buf = bytearray(records)
+        offset = self.log_end_offset
+        placed: list[tuple[int, rb.BatchHeader]] = []
+        base_offsets: list[int] = []
+        log_append_time = self.config.log_append_time
+        for pos, header in batches:
+            rb.set_base_offset(buf, pos, offset)
+            if log_append_time:
+                rb.set_log_append_time(buf, pos, now)
+            placed.append((pos, rb.read_header(buf, pos)))
+            base_offsets.append(offset)
+            offset += header.last_offset_delta + 1
+        seg = self.active
+        lso_before = self.last_stable_offset
+        seg.append(buf, placed)
+        if plan is not None:
+            for done in self.producer_state.complete(plan, base_offsets):
+                if done.is_aborted:
+                    seg.txn_index.append(AbortedTxn(done.producer_id, done.first_offset, done.last_offset,
+                                                    lso_before), sync=self.config.flush_every_append)
+        if self.config.flush_every_append:
+            self.flush()
+        return AppendResult(base_offsets[0], offset - 1, now if log_append_time else -1, self.log_start_offset)
+
+    def _maybe_roll(self, now_ms: int, incoming: int) -> None:
+        seg = self.active
+        if seg.size == 0:
+            return
+        if seg.size + incoming > self.config.segment_bytes or now_ms - seg.created_ms >= self.config.segment_ms:
+            self.roll(now_ms)
+
+    def roll(self, now_ms: int | None = None) -> None:
+        """Start a new active segment at the log end offset (flushing the old one)."""
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        self.active.flush()
+        self.segments.append(LogSegment(self.directory, self.log_end_offset, now, self.config.index_interval_bytes))
+
+    # --- reads -----------------------------------------------------------------------------------
+    def _segment_for(self, offset: int) -> int:
+        i = bisect.bisect_right([s.base_offset for s in self.segments], offset) - 1
+        return max(i, 0)
+
+    def read(self, fetch_offset: int, max_bytes: int, *, max_offset: int | None = None,
+             min_one_message: bool = True) -> FetchData:
+        """Whole batches from the one containing ``fetch_offset``; see the module docstring."""
+        if fetch_offset < self.log_start_offset or fetch_offset > self.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"offset {fetch_offset} outside [{self.log_start_offset}, {self.log_end_offset}] of {self.name}")
+        limit = self.log_end_offset if max_offset is None else min(max_offset, self.log_end_offset)
+        if fetch_offset >= limit:
+            return FetchData(b"", fetch_offset)
+        i = self._segment_for(fetch_offset)
+        while i < len(self.segments):
+            seg = self.segments[i]
+            found = seg.find_position(fetch_offset)
+            if found is None:
+                i += 1
+                continue
+            start, first = found
+            if first.base_offset >= limit:
+                return FetchData(b"", fetch_offset)
+            if first.size > max_bytes:
+                if not min_one_message:
+                    return FetchData(b"", fetch_offset)
+                return FetchData(seg.pread(start, first.size), first.base_offset)
+            data = seg.pread(start, min(max_bytes, seg.size - start))
+            end = 0
+            for pos, header in rb.iter_headers(data):
+                if header.base_offset >= limit:
+                    break
+                end = pos + header.size
+            return FetchData(data[:end] if end != len(data) else data, first.base_offset)
+        return FetchData(b"", fetch_offset)
+
+    def aborted_transactions(self, fetch_offset: int, upper_bound_offset: int) -> list[tuple[int, int]]:
+        """(producer_id, first_offset) of aborted transactions overlapping [fetch_offset, upper_bound)."""
+        out: list[tuple[int, int]] = []
+        for seg in self.segments[self._segment_for(fetch_offset):]:
+            for e in seg.txn_index.overlapping(fetch_offset, upper_bound_offset):
+                out.append((e.producer_id, e.first_offset))
+        return out
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with timestamp >= ``timestamp_ms``, or None."""
+        from kio.records.readers import read_batch
+
+        for seg in self.segments:
+            if seg.max_timestamp < timestamp_ms or seg.size == 0:
+                continue
+            start_offset = max(seg.time_index.lookup(timestamp_ms), self.log_start_offset)
+            found = seg.find_position(start_offset)
+            if found is None:
+                continue
+            for _pos, header, view in seg.iter_batches(found[0]):
+                if header.max_timestamp < timestamp_ms or header.is_control:
+                    continue
+                plain = header.attributes & (rb.ATTR_COMPRESSION_MASK | rb.ATTR_TIMESTAMP_TYPE) == 0
+                if plain:
+                    batch, _ = read_batch(bytes(view), 0)
+                    for rec in batch.records:
+                        ts = int(rec.timestamp.timestamp() * 1000)
+                        if ts >= timestamp_ms and rec.offset >= self.log_start_offset:
+                            return int(rec.offset), ts
+                return max(header.base_offset, self.log_start_offset), header.max_timestamp
+        return None
+
+    # --- producers (DescribeProducers, find-hanging) ---------------------------------------------
+    def producers(self) -> list[ProducerStateEntry]:
+        return list(self.producer_state.producers.values())
+
+    def ongoing_transactions(self) -> list[tuple[int, int, int, int]]:
+        return [(pid, e.producer_epoch, first, e.last_timestamp)
+                for pid, first in self.producer_state.ongoing.items()
+                for e in [self.producer_state.producers[pid]]]
+
+    def remove_expired_producers(self, now_ms: int, producer_id_expiration_ms: int) -> int:
+        return self.producer_state.remove_expired_producers(now_ms, producer_id_expiration_ms)
+
+    # --- durability ------------------------------------------------------------------------------
+    def needs_flush(self, now_ms: int) -> bool:
+        due = now_ms - self.last_flush_ms >= self.config.flush_interval_ms
+        return due and self.recovery_point < self.log_end_offset
+
+    def flush(self) -> None:
+        """fsync data and indexes, then record the recovery point and the producer state at it."""
+        end = self.log_end_offset
+        self.last_flush_ms = self.clock.now_ms()
+        if end == self.recovery_point:
+            return
+        for seg in self.segments:
+            if seg.dirty or seg is self.active:
+                seg.flush()
+        write_snapshot(self.directory / SNAPSHOT_FILE, self.producer_state.snapshot_bytes(end))
+        _write_int_file(self.directory / RECOVERY_POINT_FILE, end)
+        self.recovery_point = end
+
+    # --- retention -------------------------------------------------------------------------------
+    def apply_retention(self, now_ms: int) -> int:
+        """Delete whole old segments by time and size (never the active one); returns how many."""
+        deleted = 0
+        cfg = self.config
+        while len(self.segments) > 1:
+            oldest = self.segments[0]
+            too_old = cfg.retention_ms >= 0 and oldest.max_timestamp >= 0 and \
+                now_ms - oldest.max_timestamp > cfg.retention_ms
+            too_big = cfg.retention_bytes >= 0 and self.size_in_bytes - oldest.size >= cfg.retention_bytes
+            if not (too_old or too_big):
+                break
+            if oldest.next_offset > self.recovery_point:
+                self.flush()
+            self.segments.pop(0)
+            oldest.delete()
+            deleted += 1
+        if deleted:
+            self._set_log_start(self.segments[0].base_offset)
+            log.info("%s: retention deleted %d segment(s); log start offset now %d", self.name, deleted,
+                     self.log_start_offset)
+        return deleted
+
+    def delete_records(self, before_offset: int) -> None:
+        if before_offset > self.high_watermark:
+            raise OffsetOutOfRangeError(f"{before_offset} is beyond the high watermark of {self.name}")
+        if before_offset > self.log_start_offset:
+            self._set_log_start(before_offset)
+            while len(self.segments) > 1 and self.segments[1].base_offset <= before_offset:
+                self.segments.pop(0).delete()
+
+    def _set_log_start(self, offset: int) -> None:
+        self.log_start_offset = max(self.log_start_offset, offset)
+        _write_int_file(self.directory / LOG_START_FILE, self.log_start_offset)
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def close(self) -> None:
+        self.flush()
+        for seg in self.segments:
+            seg.close()
+
+    def delete(self) -> None:
+        for seg in self.segments:
+            seg.delete()
+        shutil.rmtree(self.directory, ignore_errors=True)

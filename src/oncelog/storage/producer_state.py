@@ -1,0 +1,257 @@
+"""Per-partition producer state: idempotence (epochs, sequences, the last-5-batches dedupe window) and
+open transactions (which drive the last stable offset).
+
+Validate, then apply: ``prepare`` checks every batch of an append against scratch copies and raises
+``ProducerStateError`` without touching the real state; ``complete`` applies the plan only after the
+bytes were written. Recovery replays batch headers through the same two calls (origin REPLAY), so a
+restarted broker holds exactly the state it held before, given the same log.
+
+Rules (KIP-98/360, Kafka's ProducerAppendInfo):
+- lower epoch than known: INVALID_PRODUCER_EPOCH (the producer was fenced or bumped);
+- higher epoch: the first sequence must be 0;
+- same epoch: a batch equal to one of the last 5 (first_seq, last_seq) is a duplicate answered with
+  its original offsets; otherwise first_seq must be last_seq + 1 (wrapping after INT32_MAX);
+- unknown producer (never seen or expired): any sequence is accepted;
+- a non-transactional batch from a producer with an open transaction: INVALID_TXN_STATE;
+- a transaction starts at the producer's first transactional batch in the partition and ends at
+  the COMMIT/ABORT marker the coordinator appends; markers with a stale epoch are refused.
+
+Only the owning partition log calls this, from the broker's event loop thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.protocol import records as rb
+from oncelog.storage.errors import ProducerStateError
+
+NUM_BATCHES_TO_RETAIN = 5
+_INT32_MAX = 2**31 - 1
+
+
+class AppendOrigin(Enum):
+    CLIENT = "client"
+    COORDINATOR = "coordinator"
+    REPLAY = "replay"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMetadata:
+    first_seq: int
+    last_seq: int
+    first_offset: int
+    last_offset: int
+    timestamp: int
+
+
+@dataclass
+class ProducerStateEntry:
+    producer_id: int
+    producer_epoch: int = -1
+    batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=NUM_BATCHES_TO_RETAIN))
+    coordinator_epoch: int = -1
+    current_txn_first_offset: int | None = None
+    last_timestamp: int = -1
+
+    @property
+    def last_seq(self) -> int:
+        return self.batches[-1].last_seq if self.batches else -1
+
+    def copy(self) -> ProducerStateEntry:
+        return dataclasses.replace(self, batches=deque(self.batches, maxlen=NUM_BATCHES_TO_RETAIN))
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedTxn:
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    is_aborted: bool
+
+
+@dataclass
+class AppendPlan:
+    """What ``complete`` will apply; ``duplicate`` is set when the append must be skipped."""
+
+    duplicate: tuple[int, int] | None = None
+    steps: list[tuple[int, rb.BatchHeader, int | None]] = field(default_factory=list)
+
+
+def _in_sequence(last_seq: int, next_seq: int) -> bool:
+    return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == _INT32_MAX)
+
+
+class ProducerStateManager:
+    def __init__(self) -> None:
+        self.producers: dict[int, ProducerStateEntry] = {}
+        self.ongoing: dict[int, int] = {}  # producer_id -> first offset of its open transaction
+
+    # --- validation ------------------------------------------------------------------------------
+    def prepare(self, headers: list[rb.BatchHeader], origin: AppendOrigin,
+                control_types: list[int | None]) -> AppendPlan:
+        """Check ``headers`` (offsets not yet assigned) against scratch state; raise on refusal."""
+        scratch: dict[int, ProducerStateEntry] = {}
+        plan = AppendPlan()
+        for header, control in zip(headers, control_types, strict=True):
+            pid = header.producer_id
+            if pid < 0:
+                plan.steps.append((pid, header, control))
+                continue
+            entry = scratch.get(pid)
+            if entry is None:
+                current = self.producers.get(pid)
+                entry = current.copy() if current is not None else ProducerStateEntry(pid)
+                scratch[pid] = entry
+            if origin is not AppendOrigin.REPLAY:
+                self._check(entry, header, origin, control, len(headers))
+                if entry.producer_epoch == header.producer_epoch and header.base_sequence >= 0 and \
+                        control is None and origin is AppendOrigin.CLIENT:
+                    for b in entry.batches:
+                        if b.first_seq == header.base_sequence and b.last_seq == header.last_sequence:
+                            plan.duplicate = (b.first_offset, b.last_offset)
+                            return plan
+            self._apply_to(entry, header, control, first_offset=None)
+            plan.steps.append((pid, header, control))
+        return plan
+
+    def _check(self, entry: ProducerStateEntry, header: rb.BatchHeader, origin: AppendOrigin,
+               control: int | None, n_batches: int) -> None:
+        epoch = header.producer_epoch
+        known = entry.producer_epoch >= 0
+        if known and epoch < entry.producer_epoch:
+            raise ProducerStateError(
+                ErrorCode.invalid_producer_epoch,
+                f"producer {entry.producer_id} epoch {epoch} is older than current epoch {entry.producer_epoch}")
+        if control is not None:
+            if origin is AppendOrigin.CLIENT:
+                raise ProducerStateError(ErrorCode.invalid_record, "clients may not write control batches")
+            return
+        if header.is_transactional:
+            pass
+        elif entry.current_txn_first_offset is not None:
+            raise ProducerStateError(
+                ErrorCode.invalid_txn_state,
+                f"producer {entry.producer_id} wrote a non-transactional batch during its transaction")
+        if origin is not AppendOrigin.CLIENT or header.base_sequence < 0:
+            return
+        if known and epoch > entry.producer_epoch:
+            if header.base_sequence != 0:
+                raise ProducerStateError(
+                    ErrorCode.out_of_order_sequence_number,
+                    f"producer {entry.producer_id} new epoch {epoch} must start at sequence 0, "
+                    f"got {header.base_sequence}")
+            return
+        if not known or not entry.batches:
+            return
+        for b in entry.batches:
+            if b.first_seq == header.base_sequence and b.last_seq == header.last_sequence:
+                if n_batches > 1:
+                    raise ProducerStateError(ErrorCode.duplicate_sequence_number,
+                                             "duplicate batch inside a multi-batch append")
+                return  # a retry; ``prepare`` answers it with the original offsets
+        if not _in_sequence(entry.last_seq, header.base_sequence):
+            raise ProducerStateError(
+                ErrorCode.out_of_order_sequence_number,
+                f"producer {entry.producer_id} epoch {epoch}: expected sequence {entry.last_seq + 1}, "
+                f"got {header.base_sequence}")
+
+    # --- application -----------------------------------------------------------------------------
+    @staticmethod
+    def _apply_to(entry: ProducerStateEntry, header: rb.BatchHeader, control: int | None,
+                  first_offset: int | None) -> CompletedTxn | None:
+        if header.producer_epoch != entry.producer_epoch:
+            if header.producer_epoch > entry.producer_epoch:
+                entry.batches.clear()
+            entry.producer_epoch = max(entry.producer_epoch, header.producer_epoch)
+        entry.last_timestamp = max(entry.last_timestamp, header.max_timestamp)
+        if control is not None:
+            done = None
+            if entry.current_txn_first_offset is not None and first_offset is not None:
+                done = CompletedTxn(entry.producer_id, entry.current_txn_first_offset, first_offset,
+                                    control == rb.CONTROL_ABORT)
+            entry.current_txn_first_offset = None
+            return done
+        if header.is_transactional and entry.current_txn_first_offset is None:
+            entry.current_txn_first_offset = first_offset if first_offset is not None else -1
+        if header.base_sequence >= 0 and first_offset is not None:
+            entry.batches.append(BatchMetadata(header.base_sequence, header.last_sequence, first_offset,
+                                               first_offset + header.last_offset_delta, header.max_timestamp))
+        return None
+
+    def complete(self, plan: AppendPlan, base_offsets: list[int]) -> list[CompletedTxn]:
+        """Apply a plan whose batches were written at ``base_offsets``; return finished transactions."""
+        completed: list[CompletedTxn] = []
+        for (pid, header, control), base in zip(plan.steps, base_offsets, strict=True):
+            if pid < 0:
+                continue
+            entry = self.producers.get(pid)
+            if entry is None:
+                entry = self.producers[pid] = ProducerStateEntry(pid)
+            done = self._apply_to(entry, header, control, first_offset=base)
+            if control is None and header.is_transactional and pid not in self.ongoing:
+                self.ongoing[pid] = entry.current_txn_first_offset if entry.current_txn_first_offset is not None \
+                    else base
+            if control is not None:
+                self.ongoing.pop(pid, None)
+                if done is not None:
+                    completed.append(done)
+        return completed
+
+    # --- queries ---------------------------------------------------------------------------------
+    def first_unstable_offset(self) -> int | None:
+        return min(self.ongoing.values()) if self.ongoing else None
+
+    def remove_expired_producers(self, now_ms: int, producer_id_expiration_ms: int) -> int:
+        expired = [pid for pid, e in self.producers.items()
+                   if pid not in self.ongoing and now_ms - e.last_timestamp >= producer_id_expiration_ms]
+        for pid in expired:
+            del self.producers[pid]
+        return len(expired)
+
+    # --- snapshots -------------------------------------------------------------------------------
+    def snapshot_bytes(self, offset: int) -> bytes:
+        body = json.dumps({
+            "version": 1, "offset": offset,
+            "producers": [[e.producer_id, e.producer_epoch, e.coordinator_epoch, e.current_txn_first_offset,
+                           e.last_timestamp, [dataclasses.astuple(b) for b in e.batches]]
+                          for e in self.producers.values()],
+        }, separators=(",", ":")).encode()
+        return zlib.crc32(body).to_bytes(4, "big") + body
+
+    @classmethod
+    def from_snapshot(cls, data: bytes) -> tuple[ProducerStateManager, int] | None:
+        """(state, offset) from a snapshot, or None if it is corrupt."""
+        if len(data) < 4 or zlib.crc32(data[4:]) != int.from_bytes(data[:4], "big"):
+            return None
+        try:
+            doc = json.loads(data[4:])
+        except ValueError:
+            return None
+        mgr = cls()
+        for pid, epoch, coord_epoch, txn_first, last_ts, batches in doc["producers"]:
+            entry = ProducerStateEntry(pid, epoch, deque((BatchMetadata(*b) for b in batches),
+                                                         maxlen=NUM_BATCHES_TO_RETAIN),
+                                       coord_epoch, txn_first, last_ts)
+            mgr.producers[pid] = entry
+            if txn_first is not None:
+                mgr.ongoing[pid] = txn_first
+        return mgr, int(doc["offset"])
+
+
+def write_snapshot(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
