@@ -1,0 +1,102 @@
+"""`oncelog topics create|list|describe|delete` against any Kafka broker (Kafka protocol, librdkafka)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from oncelog.admin.common import EXIT_OK, EXIT_USAGE, add_bootstrap, admin_client, fail
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    c = sub.add_parser("create", help="create a topic")
+    c.add_argument("topic")
+    c.add_argument("--partitions", type=int, default=1)
+    c.add_argument("--replication-factor", type=int, default=1)
+    c.add_argument("--config", action="append", default=[], metavar="KEY=VALUE", help="topic config (repeatable)")
+    add_bootstrap(c)
+    ls = sub.add_parser("list", help="list topics")
+    ls.add_argument("--internal", action="store_true", help="include internal topics")
+    add_bootstrap(ls)
+    d = sub.add_parser("describe", help="partitions, leaders and configs of topics")
+    d.add_argument("topics", nargs="*")
+    add_bootstrap(d)
+    rm = sub.add_parser("delete", help="delete topics")
+    rm.add_argument("topics", nargs="+")
+    add_bootstrap(rm)
+
+
+def _metadata(args: argparse.Namespace) -> Any:
+    from confluent_kafka import KafkaException
+
+    try:
+        return admin_client(args).list_topics(timeout=args.timeout)
+    except KafkaException as exc:
+        raise SystemExit(fail(f"cannot reach a broker at {args.bootstrap}: {exc.args[0].str()}")) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import ConfigResource, NewTopic
+
+    if args.action == "create":
+        configs = {}
+        for item in args.config:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                return fail(f"--config expects KEY=VALUE, got {item!r}", EXIT_USAGE)
+            configs[key] = value
+        if args.partitions < 1:
+            return fail("--partitions must be >= 1", EXIT_USAGE)
+        admin = admin_client(args)  # must outlive the futures
+        futures = admin.create_topics(
+            [NewTopic(args.topic, args.partitions, args.replication_factor, config=configs)],
+            request_timeout=args.timeout)
+        try:
+            futures[args.topic].result()
+        except KafkaException as exc:
+            return fail(f"cannot create topic {args.topic!r}: {exc.args[0].str()}")
+        print(f"created topic {args.topic} with {args.partitions} partition(s)")
+        return EXIT_OK
+    if args.action == "list":
+        md = _metadata(args)
+        for name in sorted(md.topics):
+            if name.startswith("__") and not args.internal:
+                continue
+            print(name)
+        return EXIT_OK
+    if args.action == "describe":
+        md = _metadata(args)
+        names = args.topics or sorted(n for n in md.topics if not n.startswith("__"))
+        admin = admin_client(args)
+        rc = EXIT_OK
+        for name in names:
+            t = md.topics.get(name)
+            if t is None or t.error is not None:
+                rc = fail(f"topic {name!r} does not exist")
+                continue
+            print(f"Topic: {name}\tPartitionCount: {len(t.partitions)}")
+            for pid in sorted(t.partitions):
+                p = t.partitions[pid]
+                print(f"\tPartition: {pid}\tLeader: {p.leader}\tReplicas: {list(p.replicas)}\tIsr: {list(p.isrs)}")
+            try:
+                res = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, name)],
+                                             request_timeout=args.timeout)
+                entries = next(iter(res.values())).result()
+                print("\tConfigs: " + ", ".join(f"{k}={v.value}" for k, v in sorted(entries.items())))
+            except KafkaException as exc:
+                rc = fail(f"cannot describe configs of {name!r}: {exc.args[0].str()}")
+        return rc
+    if args.action == "delete":
+        admin = admin_client(args)
+        futures = admin.delete_topics(args.topics, request_timeout=args.timeout)
+        rc = EXIT_OK
+        for name, fut in futures.items():
+            try:
+                fut.result()
+                print(f"deleted topic {name}")
+            except KafkaException as exc:
+                rc = fail(f"cannot delete topic {name!r}: {exc.args[0].str()}")
+        return rc
+    return fail(f"unknown action {args.action}", EXIT_USAGE)
