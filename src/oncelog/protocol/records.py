@@ -266,3 +266,35 @@ def control_type_of(buf: bytes | bytearray | memoryview, pos: int, header: Batch
     if ctype not in (CONTROL_ABORT, CONTROL_COMMIT):
         raise InvalidRecordError(f"unknown control record type {ctype}")
     return int(ctype)
+
+
+def _read_varint(buf: bytes | bytearray | memoryview, p: int) -> tuple[int, int]:
+    """Zig-zag varint at ``p`` -> (value, next position)."""
+    shift = 0
+    raw = 0
+    while True:
+        b = buf[p]
+        p += 1
+        raw |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (raw >> 1) ^ -(raw & 1), p
+        shift += 7
+        if shift > 63:
+            raise InvalidRecordError("varint too long")
+
+
+def record_timestamps(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> Iterator[tuple[int, int]]:
+    """(offset, timestamp) of each record of an uncompressed batch, decoding only record prefixes."""
+    if header.attributes & ATTR_COMPRESSION_MASK:
+        raise InvalidRecordError("compressed batch")
+    p = pos + HEADER_SIZE
+    end = pos + header.size
+    for _ in range(header.records_count):
+        length, p = _read_varint(buf, p)
+        body = p
+        ts_delta, q = _read_varint(buf, p + 1)  # skip the record's attributes byte
+        offset_delta, _ = _read_varint(buf, q)
+        yield header.base_offset + offset_delta, header.base_timestamp + ts_delta
+        p = body + length
+        if p > end:
+            raise InvalidRecordError("record runs past the end of its batch")

@@ -133,6 +133,7 @@ class LogSegment:
         existed = self.offset_index.path.exists() and self.time_index.path.exists()
         self.offset_index.load(self.size)
         self.time_index.load(2**62)
+        self.txn_index.load(2**62)
         if self.time_index.timestamps:
             self.max_timestamp = int(self.time_index.timestamps[-1])
         return existed

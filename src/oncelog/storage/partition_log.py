@@ -179,7 +179,7 @@ class PartitionLog:
                 del self.segments[i + 1 :]
                 break
         for seg in self.segments:
-            seg.txn_index.load(seg.next_offset)
+            seg.txn_index.truncate_to_offset(seg.next_offset)
         saved_start = _read_int_file(self.directory / LOG_START_FILE)
         self.log_start_offset = max(self.segments[0].base_offset, saved_start or 0)
         self.recovery_point = min(max(recovery_point, self.segments[0].base_offset), self.log_end_offset)
@@ -312,9 +312,11 @@ class PartitionLog:
         return out
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with timestamp >= ``timestamp_ms``, or None."""
-        from kio.records.readers import read_batch
+        """(offset, timestamp) of the first record with timestamp >= ``timestamp_ms``, or None.
 
+        The time index narrows the search to a batch; uncompressed CreateTime batches are then
+        searched record by record (prefixes only), others answer with the batch's base offset.
+        """
         for seg in self.segments:
             if seg.max_timestamp < timestamp_ms or seg.size == 0:
                 continue
@@ -325,13 +327,10 @@ class PartitionLog:
             for _pos, header, view in seg.iter_batches(found[0]):
                 if header.max_timestamp < timestamp_ms or header.is_control:
                     continue
-                plain = header.attributes & (rb.ATTR_COMPRESSION_MASK | rb.ATTR_TIMESTAMP_TYPE) == 0
-                if plain:
-                    batch, _ = read_batch(bytes(view), 0)
-                    for rec in batch.records:
-                        ts = int(rec.timestamp.timestamp() * 1000)
-                        if ts >= timestamp_ms and rec.offset >= self.log_start_offset:
-                            return int(rec.offset), ts
+                if (header.attributes & (rb.ATTR_COMPRESSION_MASK | rb.ATTR_TIMESTAMP_TYPE)) == 0:
+                    for offset, ts in rb.record_timestamps(view, 0, header):
+                        if ts >= timestamp_ms and offset >= self.log_start_offset:
+                            return offset, ts
                 return max(header.base_offset, self.log_start_offset), header.max_timestamp
         return None
 

@@ -1,0 +1,177 @@
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from oncelog.clock import ManualClock
+from oncelog.protocol import records as rb
+from oncelog.storage.config import LogConfig
+from oncelog.storage.errors import OffsetOutOfRangeError, RecordTooLargeError
+from oncelog.storage.partition_log import PartitionLog
+from tests.storage.helpers import batch, offsets_in
+
+
+def open_log(path: Path, clock: ManualClock | None = None, **cfg: int) -> PartitionLog:
+    return PartitionLog(path, "t", 0, LogConfig(**cfg), clock or ManualClock())  # type: ignore[arg-type]
+
+
+def test_offsets_are_assigned_consecutively_and_read_back(tmp_path: Path) -> None:
+    plog = open_log(tmp_path)
+    r1 = plog.append(batch(3))
+    r2 = plog.append(batch(2) + batch(1))
+    assert (r1.base_offset, r1.last_offset) == (0, 2)
+    assert (r2.base_offset, r2.last_offset) == (3, 5)
+    assert plog.log_end_offset == plog.high_watermark == plog.last_stable_offset == 6
+    assert offsets_in(plog.read(0, 1 << 20).records) == [0, 3, 5]
+    # a fetch inside a batch starts at that batch
+    assert offsets_in(plog.read(4, 1 << 20).records) == [3, 5]
+    assert plog.read(6, 1 << 20).records == b""
+
+
+def test_read_limits_max_bytes_max_offset_and_min_one_message(tmp_path: Path) -> None:
+    plog = open_log(tmp_path)
+    for _ in range(5):
+        plog.append(batch(1, size=1000))
+    one = len(plog.read(0, 1 << 20).records) // 5
+    assert offsets_in(plog.read(0, one * 2 + 10).records) == [0, 1]
+    assert offsets_in(plog.read(0, 1 << 20, max_offset=3).records) == [0, 1, 2]
+    assert offsets_in(plog.read(0, 10).records) == [0]  # KIP-74: at least one whole batch
+    assert plog.read(0, 10, min_one_message=False).records == b""
+    with pytest.raises(OffsetOutOfRangeError):
+        plog.read(6, 100)
+
+
+def test_segments_roll_by_size_and_time_and_reads_cross_them(tmp_path: Path) -> None:
+    clock = ManualClock()
+    plog = open_log(tmp_path, clock, segment_bytes=3000, segment_ms=60_000)
+    for _ in range(6):
+        plog.append(batch(1, size=1000))
+    assert len(plog.segments) == 3
+    clock.advance(61_000)
+    plog.append(batch(1))
+    assert len(plog.segments) == 4
+    assert sorted(p.name for p in tmp_path.glob("*.log"))[1] == f"{plog.segments[1].base_offset:020d}.log"
+    got: list[int] = []
+    offset = 0
+    while offset < plog.log_end_offset:
+        data = plog.read(offset, 1 << 20).records
+        got += offsets_in(data)
+        offset = got[-1] + 1
+    assert got == list(range(7))
+
+
+def test_retention_by_size_and_time_moves_log_start(tmp_path: Path) -> None:
+    clock = ManualClock(now_ms=10_000_000)
+    plog = open_log(tmp_path, clock, segment_bytes=2500, retention_bytes=5000)
+    for i in range(8):
+        plog.append(batch(1, size=1000, ts=10_000_000 + i))
+    assert plog.apply_retention(clock.now_ms()) > 0
+    assert plog.log_start_offset > 0 and plog.size_in_bytes <= 5000 + 2500
+    with pytest.raises(OffsetOutOfRangeError):
+        plog.read(0, 100)
+    # time-based
+    plog2 = open_log(tmp_path / "b", clock, segment_bytes=2500, retention_ms=1000)
+    for _ in range(4):
+        plog2.append(batch(1, size=1000, ts=clock.now_ms()))
+    clock.advance(5000)
+    plog2.append(batch(1, size=1000, ts=clock.now_ms()))
+    plog2.apply_retention(clock.now_ms())
+    assert plog2.log_start_offset == plog2.segments[0].base_offset > 0
+    reopened = open_log(tmp_path / "b", clock, segment_bytes=2500, retention_ms=1000)
+    assert reopened.log_start_offset == plog2.log_start_offset
+
+
+def test_oversized_batch_is_refused_without_writing(tmp_path: Path) -> None:
+    plog = open_log(tmp_path, max_message_bytes=500)
+    with pytest.raises(RecordTooLargeError):
+        plog.append(batch(1, size=1000))
+    with pytest.raises(rb.InvalidRecordError):
+        plog.append(batch(1)[:-3])
+    assert plog.log_end_offset == 0
+
+
+def test_offset_for_timestamp(tmp_path: Path) -> None:
+    plog = open_log(tmp_path)
+    plog.append(batch(3, ts=100))  # records at 100, 101, 102
+    plog.append(batch(2, ts=200))
+    assert plog.offset_for_timestamp(101) == (1, 101)
+    assert plog.offset_for_timestamp(150) == (3, 200)
+    assert plog.offset_for_timestamp(999) is None
+
+
+def test_clean_reopen_scans_nothing_and_keeps_offsets(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    plog = open_log(tmp_path, index_interval_bytes=100)
+    for _ in range(20):
+        plog.append(batch(2, size=200))
+    before = plog.read(0, 1 << 20).records
+    plog.close()
+    caplog.set_level(logging.INFO, "oncelog.storage")
+    again = open_log(tmp_path, index_interval_bytes=100)
+    assert again.log_end_offset == 40
+    assert again.read(0, 1 << 20).records == before
+    assert offsets_in(again.read(17, 1 << 20).records)[0] == 16
+    assert "recovered" not in caplog.text
+
+
+def test_crash_recovery_truncates_a_torn_tail_and_keeps_everything_before(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    plog = open_log(tmp_path)
+    for _ in range(5):
+        plog.append(batch(2))
+    plog.flush()
+    for _ in range(3):
+        plog.append(batch(2))  # unflushed, but written: survives a process crash
+    seg = tmp_path / "00000000000000000000.log"
+    good = seg.read_bytes()
+    with open(seg, "ab") as f:
+        f.write(batch(2)[:40])  # a torn write
+    caplog.set_level(logging.INFO, "oncelog.storage")
+    again = open_log(tmp_path)  # no close(): a crash
+    assert again.log_end_offset == 16
+    assert seg.read_bytes() == good
+    assert "truncating" in caplog.text and "torn" in caplog.text
+    again.append(batch(1))
+    assert offsets_in(again.read(14, 1 << 20).records) == [14, 16]
+
+
+def test_corrupt_batch_in_unflushed_tail_is_truncated(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    plog = open_log(tmp_path)
+    plog.append(batch(1))
+    plog.flush()
+    plog.append(batch(1, value=b"second"))
+    plog.append(batch(1, value=b"third"))
+    seg = tmp_path / "00000000000000000000.log"
+    data = bytearray(seg.read_bytes())
+    second_pos = len(batch(1))
+    data[second_pos + 70] ^= 0xFF  # inside the second batch, covered by its CRC
+    seg.write_bytes(bytes(data))
+    again = open_log(tmp_path)
+    assert again.log_end_offset == 1
+    assert "CRC" in caplog.text
+
+
+def test_flushed_data_is_not_rescanned(tmp_path: Path) -> None:
+    plog = open_log(tmp_path)
+    plog.append(batch(1))
+    plog.append(batch(1))
+    plog.flush()
+    seg = tmp_path / "00000000000000000000.log"
+    data = bytearray(seg.read_bytes())
+    data[70] ^= 0xFF  # corrupt the FIRST, flushed batch: recovery must not look at it
+    seg.write_bytes(bytes(data))
+    again = open_log(tmp_path)
+    assert again.log_end_offset == 2
+
+
+def test_missing_indexes_are_rebuilt(tmp_path: Path) -> None:
+    plog = open_log(tmp_path, segment_bytes=2000, index_interval_bytes=100)
+    for _ in range(10):
+        plog.append(batch(1, size=500))
+    plog.close()
+    for p in tmp_path.glob("*.index"):
+        p.unlink()
+    again = open_log(tmp_path, segment_bytes=2000, index_interval_bytes=100)
+    assert again.log_end_offset == 10
+    assert offsets_in(again.read(7, 1 << 20).records)[0] == 7
