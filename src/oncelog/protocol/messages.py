@@ -65,14 +65,14 @@ def _reader(entity_type: type) -> Callable[[bytes, int], tuple[Any, int]]:
 
 @cache
 def _writer(entity_type: type) -> Callable[[Any, Any], None]:
-    return entity_writer(entity_type)  # type: ignore[no-any-return]
+    return entity_writer(entity_type)
 
 
 def peek_header(frame: bytes) -> tuple[int, int, int]:
     """(api_key, api_version, correlation_id) from the first 8 bytes, common to all header versions."""
     if len(frame) < 8:
         raise MalformedRequestError(f"request frame of {len(frame)} bytes is shorter than a header")
-    return _PEEK.unpack_from(frame, 0)  # type: ignore[return-value]
+    return _PEEK.unpack_from(frame, 0)
 
 
 def decode_request(frame: bytes, supported: Mapping[int, tuple[int, int]] = SUPPORTED_VERSIONS) -> Request:

@@ -19,8 +19,8 @@ Header layout (big endian)::
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import crc32c
 
@@ -262,7 +262,7 @@ def control_type_of(buf: bytes | bytearray | memoryview, pos: int, header: Batch
     p += 1
     if key_len_zz != 8 or p + 4 > end:
         raise InvalidRecordError("malformed control record key")
-    version, ctype = struct.unpack_from(">hh", buf, p)
+    _version, ctype = struct.unpack_from(">hh", buf, p)
     if ctype not in (CONTROL_ABORT, CONTROL_COMMIT):
         raise InvalidRecordError(f"unknown control record type {ctype}")
     return int(ctype)

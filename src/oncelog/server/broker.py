@@ -48,6 +48,7 @@ class Broker:
             max_message_bytes=config.message_max_bytes,
         )
         self.logs = LogManager(config.data_dir, self.log_defaults, self.clock)
+        self.coordination: Any = None
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:

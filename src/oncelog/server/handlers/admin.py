@@ -90,7 +90,7 @@ def handle_delete_topics(broker: Broker, req: Request) -> dict[str, Any]:
         entry: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": ErrorCode.none,
                                  "error_message": None}
         info = broker.logs.topics().get(name) if name else None
-        if info is None:
+        if name is None or info is None:
             entry["error_code"] = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
         elif info.is_internal:
             entry.update(error_code=ErrorCode.invalid_topic_exception,

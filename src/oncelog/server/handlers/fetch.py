@@ -30,7 +30,8 @@ def _partition_error(index: int, code: ErrorCode, plog: Any = None) -> dict[str,
             "aborted_transactions": None, "preferred_read_replica": -1, "records": b""}
 
 
-def read_fetch(broker: Broker, body: Any, isolation_level: int, max_bytes: int) -> tuple[list[dict[str, Any]], int, bool]:
+def read_fetch(broker: Broker, body: Any, isolation_level: int,
+               max_bytes: int) -> tuple[list[dict[str, Any]], int, bool]:
     """One pass over the requested partitions: (topics, bytes returned, any error)."""
     remaining = max_bytes
     total = 0
