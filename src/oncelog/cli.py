@@ -21,7 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _load(name: str):  # type: ignore[no-untyped-def]
+def _load(name: str):
     return importlib.import_module(SUBCOMMANDS[name][0])
 
 

@@ -60,7 +60,7 @@ def response_type(api_key: int, api_version: int) -> type:
 
 @cache
 def _reader(entity_type: type) -> Callable[[bytes, int], tuple[Any, int]]:
-    return entity_reader(entity_type)  # type: ignore[no-any-return]
+    return entity_reader(entity_type)
 
 
 @cache

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvloop
     except ImportError:  # optional: the standard event loop works too
-        uvloop = None
+        uvloop = None  # type: ignore[assignment]
     try:
         if uvloop is not None:
             uvloop.run(serve(cfg))
