@@ -48,7 +48,10 @@ class Broker:
             max_message_bytes=config.message_max_bytes,
         )
         self.logs = LogManager(config.data_dir, self.log_defaults, self.clock)
-        self.coordination: Any = None
+        from oncelog.server.coordination import Coordination
+
+        self.coordination = Coordination(self)
+        self.coordination.load()
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -62,6 +65,10 @@ class Broker:
         self._tasks.append(loop.create_task(self._every(self.config.flush_interval_ms, self._flush)))
         self._tasks.append(loop.create_task(
             self._every(self.config.log_retention_check_interval_ms, self._retention)))
+        self._tasks.append(loop.create_task(self._every(
+            self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+            self.coordination.expire_transactions)))
+        self._tasks.append(loop.create_task(self._every(60_000, self._expire_producers)))
         host, port = self.config.advertised
         log.info("oncelog broker %d listening on %s:%d (advertised %s:%d), data in %s",
                  self.config.node_id, self.config.listen_host, self.config.listen_port, host, port,
@@ -101,6 +108,9 @@ class Broker:
     def _flush(self) -> None:
         self.logs.flush_all(self.clock.now_ms())
 
+    def _expire_producers(self) -> None:
+        self.logs.remove_expired_producers(self.clock.now_ms(), self.config.producer_id_expiration_ms)
+
     def _retention(self) -> None:
         self.logs.apply_retention_all(self.clock.now_ms())
 
@@ -135,10 +145,7 @@ class Broker:
                                     partition: int) -> ErrorCode:
         """KIP-890: a transactional write must target a partition already added to the producer's
         ongoing transaction, so a late produce can never land in the next transaction."""
-        coordinator = getattr(self, "txn_coordinator", None)
-        if coordinator is None:
-            return ErrorCode.none
-        return ErrorCode(coordinator.is_partition_in_transaction(producer_id, producer_epoch, topic, partition))
+        return self.coordination.txn.is_partition_in_transaction(producer_id, producer_epoch, topic, partition)
 
     def api_version_entries(self) -> list[dict[str, int]]:
         return [{"api_key": k, "min_version": lo, "max_version": hi}

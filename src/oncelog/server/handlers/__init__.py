@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from oncelog.protocol import versions as v
-from oncelog.server.handlers import admin, fetch, list_offsets, metadata, produce
+from oncelog.server.handlers import admin, coordinator_lookup, fetch, list_offsets, metadata, produce, txn
 
 Handler = Callable[[Any, Any], Any]
 
@@ -23,4 +23,9 @@ HANDLERS: dict[int, Handler] = {
     v.API_DELETE_TOPICS: admin.handle_delete_topics,
     v.API_CREATE_PARTITIONS: admin.handle_create_partitions,
     v.API_DESCRIBE_CONFIGS: admin.handle_describe_configs,
+    v.API_FIND_COORDINATOR: coordinator_lookup.handle_find_coordinator,
+    v.API_INIT_PRODUCER_ID: txn.handle_init_producer_id,
+    v.API_ADD_PARTITIONS_TO_TXN: txn.handle_add_partitions_to_txn,
+    v.API_ADD_OFFSETS_TO_TXN: txn.handle_add_offsets_to_txn,
+    v.API_END_TXN: txn.handle_end_txn,
 }

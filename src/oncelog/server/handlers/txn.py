@@ -32,20 +32,22 @@ def handle_init_producer_id(broker: Broker, req: Request) -> dict[str, Any]:
 def handle_add_partitions_to_txn(broker: Broker, req: Request) -> dict[str, Any]:
     body = req.body
     c = broker.coordination
-    requested = [(t.name, p) for t in body.topics for p in t.partitions]
+    transactional_id = body.v3_and_below_transactional_id
+    producer_id, producer_epoch = body.v3_and_below_producer_id, body.v3_and_below_producer_epoch
+    requested = [(t.name, p) for t in body.v3_and_below_topics for p in t.partitions]
     unknown = {tp for tp in requested if broker.logs.get_partition(*tp) is None}
     if unknown:
         errors = {tp: (ErrorCode.unknown_topic_or_partition if tp in unknown else ErrorCode.operation_not_attempted)
                   for tp in requested}
     else:
-        result = c.txn.add_partitions_to_txn(body.transactional_id, body.producer_id, body.producer_epoch,
-                                             requested)
+        result = c.txn.add_partitions_to_txn(transactional_id, producer_id, producer_epoch, requested)
         c.apply_txn_result(result)
         errors = result.partition_errors
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (topic, p), code in errors.items():
         by_topic.setdefault(topic, []).append({"partition_index": p, "partition_error_code": code})
-    return {"throttle_time": 0, "results": [{"name": t, "results": rs} for t, rs in by_topic.items()]}
+    return {"throttle_time": 0,
+            "results_by_topic_v3_and_below": [{"name": t, "results_by_partition": rs} for t, rs in by_topic.items()]}
 
 
 def handle_add_offsets_to_txn(broker: Broker, req: Request) -> dict[str, Any]:

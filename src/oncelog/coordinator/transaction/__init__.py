@@ -1,0 +1,1 @@
+"""The transaction coordinator: state machine, log records, and request handlers (sans-IO)."""

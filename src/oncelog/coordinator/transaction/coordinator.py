@@ -1,0 +1,293 @@
+"""The transaction coordinator, sans-IO (KIP-98, KIP-360, KIP-890, KIP-664).
+
+Every handler reads the current state, decides, and returns a ``TxnResult`` with the records to
+append to ``__transaction_state`` and the markers to write; it never mutates state. The server
+appends the records, calls ``replay`` for each (the only place state changes), writes the markers,
+then calls ``markers_written``, whose Complete* record it appends and replays the same way. Loading
+after a restart is ``replay`` over the whole log followed by ``pending_markers()``: transactions left
+in PrepareCommit/PrepareAbort get their markers written again.
+
+Fencing: a new InitProducerId for a transactional id bumps its epoch; requests and produces that
+carry an older epoch are refused (PRODUCER_FENCED here, INVALID_PRODUCER_EPOCH at the partitions).
+An open transaction found by InitProducerId, by the timeout scan or by an admin abort is aborted
+with a bumped epoch, so its zombie producer can neither write nor commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.clock import Clock
+from oncelog.coordinator.transaction import log as txnlog
+from oncelog.coordinator.transaction.state import (
+    MAX_PRODUCER_EPOCH,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    TransactionMetadata,
+    TransactionState,
+)
+
+S = TransactionState
+TopicPartition = tuple[str, int]
+
+
+class ProducerIds(Protocol):
+    def next_producer_id(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WriteMarkers:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int
+    commit: bool
+    partitions: frozenset[TopicPartition]
+
+
+@dataclass
+class TxnResult:
+    error: ErrorCode = ErrorCode.none
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
+    records: list[tuple[bytes, bytes | None]] = field(default_factory=list)
+    markers: list[WriteMarkers] = field(default_factory=list)
+    partition_errors: dict[TopicPartition, ErrorCode] = field(default_factory=dict)
+
+
+def _record(meta: TransactionMetadata) -> tuple[bytes, bytes | None]:
+    return txnlog.encode_key(meta.transactional_id), txnlog.encode_value(meta)
+
+
+class TransactionCoordinator:
+    def __init__(self, producer_ids: ProducerIds, clock: Clock, *, transaction_max_timeout_ms: int = 900_000,
+                 transactional_id_expiration_ms: int = 604_800_000, coordinator_epoch: int = 0,
+                 offsets_partition_for: Callable[[str], TopicPartition] | None = None) -> None:
+        self.producer_ids = producer_ids
+        self.clock = clock
+        self.transaction_max_timeout_ms = transaction_max_timeout_ms
+        self.transactional_id_expiration_ms = transactional_id_expiration_ms
+        self.coordinator_epoch = coordinator_epoch
+        self.offsets_partition_for = offsets_partition_for or (lambda _g: ("__consumer_offsets", 0))
+        self.transactions: dict[str, TransactionMetadata] = {}
+        self._by_producer_id: dict[int, str] = {}
+
+    # --- replay: the only mutation ----------------------------------------------------------------
+    def replay(self, key: bytes, value: bytes | None) -> None:
+        transactional_id = txnlog.decode_key(key)
+        old = self.transactions.pop(transactional_id, None)
+        if old is not None:
+            self._by_producer_id.pop(old.producer_id, None)
+        if value is None:
+            return
+        meta = txnlog.decode_value(transactional_id, value)
+        self.transactions[transactional_id] = meta
+        self._by_producer_id[meta.producer_id] = transactional_id
+
+    def state_of(self, transactional_id: str) -> TransactionMetadata | None:
+        return self.transactions.get(transactional_id)
+
+    # --- InitProducerId -------------------------------------------------------------------------
+    def init_producer_id(self, transactional_id: str | None, transaction_timeout_ms: int,
+                         producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH) -> TxnResult:
+        if not transactional_id:
+            return TxnResult(producer_id=self.producer_ids.next_producer_id(), producer_epoch=0)
+        if not 0 < transaction_timeout_ms <= self.transaction_max_timeout_ms:
+            return TxnResult(ErrorCode.invalid_transaction_timeout)
+        now = self.clock.now_ms()
+        meta = self.transactions.get(transactional_id)
+        if meta is None or meta.state is S.DEAD:
+            new = TransactionMetadata(transactional_id, self.producer_ids.next_producer_id(), NO_PRODUCER_ID, 0,
+                                      NO_PRODUCER_EPOCH, transaction_timeout_ms, S.EMPTY, frozenset(), -1, now)
+            return TxnResult(producer_id=new.producer_id, producer_epoch=0, records=[_record(new)])
+        if producer_id != NO_PRODUCER_ID:
+            current = (producer_id, producer_epoch) == (meta.producer_id, meta.producer_epoch)
+            retried = producer_epoch == meta.last_producer_epoch and producer_id in (
+                meta.producer_id, meta.previous_producer_id)
+            if not current and not retried:
+                return TxnResult(ErrorCode.producer_fenced)
+            if retried and not current and meta.state in (S.EMPTY, S.COMPLETE_ABORT, S.COMPLETE_COMMIT):
+                # The bump for this request already happened; answer it again (KIP-360 retry).
+                return TxnResult(producer_id=meta.producer_id, producer_epoch=meta.producer_epoch)
+        if meta.is_prepare or meta.state is S.PREPARE_EPOCH_FENCE:
+            return TxnResult(ErrorCode.concurrent_transactions)
+        if meta.state is S.ONGOING:
+            # Fence the previous incarnation: abort its transaction under a bumped epoch. The client
+            # retries on CONCURRENT_TRANSACTIONS and then finds CompleteAbort.
+            result = self._abort_with_bump(meta, now)
+            result.error = ErrorCode.concurrent_transactions
+            return result
+        if meta.producer_epoch >= MAX_PRODUCER_EPOCH:
+            new = meta.transition(S.EMPTY, producer_id=self.producer_ids.next_producer_id(),
+                                  previous_producer_id=meta.producer_id, producer_epoch=0,
+                                  last_producer_epoch=meta.producer_epoch, txn_timeout_ms=transaction_timeout_ms,
+                                  topic_partitions=frozenset(), txn_start_timestamp_ms=-1,
+                                  txn_last_update_timestamp_ms=now)
+        else:
+            new = meta.transition(S.EMPTY, producer_epoch=meta.producer_epoch + 1,
+                                  last_producer_epoch=meta.producer_epoch, txn_timeout_ms=transaction_timeout_ms,
+                                  topic_partitions=frozenset(), txn_start_timestamp_ms=-1,
+                                  txn_last_update_timestamp_ms=now)
+        return TxnResult(producer_id=new.producer_id, producer_epoch=new.producer_epoch, records=[_record(new)])
+
+    def _abort_with_bump(self, meta: TransactionMetadata, now: int) -> TxnResult:
+        # At the last epoch no bump is possible; the next InitProducerId allocates a new id.
+        epoch = min(meta.producer_epoch + 1, MAX_PRODUCER_EPOCH)
+        new = meta.transition(S.PREPARE_ABORT, producer_epoch=epoch, last_producer_epoch=meta.producer_epoch,
+                              txn_last_update_timestamp_ms=now)
+        return TxnResult(producer_id=new.producer_id, producer_epoch=epoch, records=[_record(new)],
+                         markers=[self._markers(new, commit=False)])
+
+    def _markers(self, meta: TransactionMetadata, *, commit: bool) -> WriteMarkers:
+        return WriteMarkers(meta.transactional_id, meta.producer_id, meta.producer_epoch, self.coordinator_epoch,
+                            commit, meta.topic_partitions)
+
+    # --- validation shared by the transactional requests ---------------------------------------
+    def _check(self, transactional_id: str, producer_id: int, producer_epoch: int
+               ) -> tuple[TransactionMetadata | None, ErrorCode]:
+        meta = self.transactions.get(transactional_id)
+        if meta is None or meta.state is S.DEAD or meta.producer_id != producer_id:
+            return None, ErrorCode.invalid_producer_id_mapping
+        if producer_epoch != meta.producer_epoch:
+            return None, ErrorCode.producer_fenced
+        return meta, ErrorCode.none
+
+    # --- AddPartitionsToTxn / AddOffsetsToTxn ---------------------------------------------------
+    def add_partitions_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                              partitions: Iterable[TopicPartition]) -> TxnResult:
+        parts = frozenset(partitions)
+        meta, error = self._check(transactional_id, producer_id, producer_epoch)
+        if meta is not None and (meta.is_prepare or meta.state is S.PREPARE_EPOCH_FENCE):
+            error = ErrorCode.concurrent_transactions
+        if meta is None or error != ErrorCode.none:
+            return TxnResult(error, partition_errors=dict.fromkeys(parts, error))
+        ok = dict.fromkeys(parts, ErrorCode.none)
+        if meta.state is S.ONGOING and parts <= meta.topic_partitions:
+            return TxnResult(partition_errors=ok)
+        now = self.clock.now_ms()
+        start = meta.txn_start_timestamp_ms if meta.state is S.ONGOING else now
+        new = meta.transition(S.ONGOING, topic_partitions=meta.topic_partitions | parts,
+                              txn_start_timestamp_ms=start, txn_last_update_timestamp_ms=now)
+        return TxnResult(producer_id=meta.producer_id, producer_epoch=meta.producer_epoch,
+                         records=[_record(new)], partition_errors=ok)
+
+    def add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                           group_id: str) -> TxnResult:
+        return self.add_partitions_to_txn(transactional_id, producer_id, producer_epoch,
+                                          [self.offsets_partition_for(group_id)])
+
+    # --- EndTxn ----------------------------------------------------------------------------------
+    def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, committed: bool) -> TxnResult:
+        meta, error = self._check(transactional_id, producer_id, producer_epoch)
+        if meta is None:
+            return TxnResult(error)
+        state = meta.state
+        if state is S.ONGOING:
+            now = self.clock.now_ms()
+            new = meta.transition(S.PREPARE_COMMIT if committed else S.PREPARE_ABORT,
+                                  txn_last_update_timestamp_ms=now)
+            return TxnResult(producer_id=meta.producer_id, producer_epoch=meta.producer_epoch,
+                             records=[_record(new)], markers=[self._markers(new, commit=committed)])
+        if state is S.COMPLETE_COMMIT:
+            return TxnResult(ErrorCode.none if committed else ErrorCode.invalid_txn_state)
+        if state is S.COMPLETE_ABORT:
+            return TxnResult(ErrorCode.invalid_txn_state if committed else ErrorCode.none)
+        if state is S.PREPARE_COMMIT:
+            return TxnResult(ErrorCode.concurrent_transactions if committed else ErrorCode.invalid_txn_state)
+        if state is S.PREPARE_ABORT:
+            return TxnResult(ErrorCode.invalid_txn_state if committed else ErrorCode.concurrent_transactions)
+        return TxnResult(ErrorCode.invalid_txn_state)  # Empty, PrepareEpochFence
+
+    def markers_written(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                        commit: bool) -> TxnResult:
+        """Second phase: every marker is in place; record Complete*."""
+        meta = self.transactions.get(transactional_id)
+        expected = S.PREPARE_COMMIT if commit else S.PREPARE_ABORT
+        if meta is None or meta.state is not expected or meta.producer_id != producer_id:
+            return TxnResult()
+        new = meta.transition(S.COMPLETE_COMMIT if commit else S.COMPLETE_ABORT, topic_partitions=frozenset(),
+                              txn_start_timestamp_ms=-1, txn_last_update_timestamp_ms=self.clock.now_ms())
+        return TxnResult(producer_id=new.producer_id, producer_epoch=new.producer_epoch, records=[_record(new)])
+
+    def pending_markers(self) -> list[WriteMarkers]:
+        return [self._markers(m, commit=m.state is S.PREPARE_COMMIT)
+                for m in self.transactions.values() if m.is_prepare]
+
+    # --- timeouts and expiration -----------------------------------------------------------------
+    def expire(self, now_ms: int) -> list[TxnResult]:
+        results = []
+        for meta in list(self.transactions.values()):
+            if meta.state is S.ONGOING and now_ms - meta.txn_start_timestamp_ms > meta.txn_timeout_ms:
+                results.append(self._abort_with_bump(meta, now_ms))
+            elif meta.state in (S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT) and \
+                    now_ms - meta.txn_last_update_timestamp_ms > self.transactional_id_expiration_ms:
+                results.append(TxnResult(records=[(txnlog.encode_key(meta.transactional_id), None)]))
+        return results
+
+    def abort_transaction(self, transactional_id: str) -> TxnResult:
+        """Admin abort of an open transaction (like a timeout: the epoch is bumped)."""
+        meta = self.transactions.get(transactional_id)
+        if meta is None:
+            return TxnResult(ErrorCode.transactional_id_not_found)
+        if meta.state is not S.ONGOING:
+            return TxnResult(ErrorCode.invalid_txn_state)
+        return self._abort_with_bump(meta, self.clock.now_ms())
+
+    # --- KIP-890: the produce-side check --------------------------------------------------------
+    def is_partition_in_transaction(self, producer_id: int, producer_epoch: int, topic: str,
+                                    partition: int) -> ErrorCode:
+        """NONE if this producer's ongoing transaction contains the partition.
+
+        Otherwise INVALID_PRODUCER_EPOCH for a stale epoch (a fenced zombie) and INVALID_TXN_STATE for
+        a write outside an ongoing transaction, so a late produce can never land in the next one.
+        """
+        transactional_id = self._by_producer_id.get(producer_id)
+        meta = self.transactions.get(transactional_id) if transactional_id is not None else None
+        if meta is None:
+            return ErrorCode.invalid_producer_id_mapping
+        if producer_epoch < meta.producer_epoch:
+            return ErrorCode.invalid_producer_epoch
+        if meta.state is not S.ONGOING or producer_epoch != meta.producer_epoch or \
+                (topic, partition) not in meta.topic_partitions:
+            return ErrorCode.invalid_txn_state
+        return ErrorCode.none
+
+    # --- KIP-664 admin views --------------------------------------------------------------------
+    def describe_transactions(self, transactional_ids: Iterable[str]) -> list[dict[str, Any]]:
+        out = []
+        for tid in transactional_ids:
+            meta = self.transactions.get(tid)
+            if meta is None:
+                out.append({"error_code": ErrorCode.transactional_id_not_found, "transactional_id": tid})
+                continue
+            by_topic: dict[str, list[int]] = {}
+            for t, p in sorted(meta.topic_partitions):
+                by_topic.setdefault(t, []).append(p)
+            out.append({"error_code": ErrorCode.none, "transactional_id": tid, "transaction_state": meta.state.value,
+                        "transaction_timeout_ms": meta.txn_timeout_ms,
+                        "transaction_start_time_ms": meta.txn_start_timestamp_ms,
+                        "producer_id": meta.producer_id, "producer_epoch": meta.producer_epoch,
+                        "topics": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()]})
+        return out
+
+    def list_transactions(self, state_filters: Iterable[str] = (), producer_id_filters: Iterable[int] = (),
+                          duration_filter_ms: int = -1) -> list[dict[str, Any]]:
+        states = set(state_filters)
+        pids = set(producer_id_filters)
+        now = self.clock.now_ms()
+        out = []
+        for meta in self.transactions.values():
+            if states and meta.state.value not in states:
+                continue
+            if pids and meta.producer_id not in pids:
+                continue
+            if duration_filter_ms >= 0 and (meta.state is not S.ONGOING or
+                                            now - meta.txn_start_timestamp_ms < duration_filter_ms):
+                continue
+            out.append({"transactional_id": meta.transactional_id, "producer_id": meta.producer_id,
+                        "transaction_state": meta.state.value})
+        return out
