@@ -1,0 +1,254 @@
+"""The sans-IO transaction coordinator, driven like the server drives it, with a manual clock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from oncelog.clock import ManualClock
+from oncelog.coordinator.producer_ids import InMemoryProducerIdManager, ProducerIdManager
+from oncelog.coordinator.transaction.coordinator import TransactionCoordinator, TxnResult
+from oncelog.coordinator.transaction.state import (
+    MAX_PRODUCER_EPOCH,
+    VALID_PREVIOUS,
+    IllegalStateTransition,
+    TransactionMetadata,
+    TransactionState,
+)
+
+S = TransactionState
+TP = ("t", 0)
+
+
+class Harness:
+    """Plays the server: append records to a list (the log), replay them, write markers, complete."""
+
+    def __init__(self, clock: ManualClock | None = None, **kw: int) -> None:
+        self.clock = clock or ManualClock()
+        self.log: list[tuple[bytes, bytes | None]] = []
+        self.markers: list[tuple[int, int, bool, frozenset]] = []
+        self.tc = TransactionCoordinator(InMemoryProducerIdManager(), self.clock, **kw)
+        self.write_markers = True
+
+    def apply(self, result: TxnResult) -> TxnResult:
+        for key, value in result.records:
+            self.log.append((key, value))
+            self.tc.replay(key, value)
+        if self.write_markers:
+            for m in result.markers:
+                self.markers.append((m.producer_id, m.producer_epoch, m.commit, m.partitions))
+                self.apply(self.tc.markers_written(m.transactional_id, m.producer_id, m.producer_epoch, m.commit))
+        return result
+
+    def init(self, tid: str = "a", timeout: int = 60_000, pid: int = -1, epoch: int = -1) -> TxnResult:
+        return self.apply(self.tc.init_producer_id(tid, timeout, pid, epoch))
+
+    def state(self, tid: str = "a") -> TransactionMetadata:
+        meta = self.tc.state_of(tid)
+        assert meta is not None
+        return meta
+
+
+def test_full_commit_cycle_and_replay_gives_the_same_state() -> None:
+    h = Harness()
+    r = h.init()
+    pid = r.producer_id
+    assert (r.error, r.producer_epoch, h.state().state) == (ErrorCode.none, 0, S.EMPTY)
+    r = h.apply(h.tc.add_partitions_to_txn("a", pid, 0, [TP, ("t", 1)]))
+    assert r.partition_errors == {TP: ErrorCode.none, ("t", 1): ErrorCode.none}
+    assert h.state().state is S.ONGOING
+    # adding the same partitions again writes nothing
+    assert h.tc.add_partitions_to_txn("a", pid, 0, [TP]).records == []
+    h.apply(h.tc.add_offsets_to_txn("a", pid, 0, "group"))
+    assert ("__consumer_offsets", 0) in h.state().topic_partitions
+    r = h.apply(h.tc.end_txn("a", pid, 0, committed=True))
+    assert r.error == ErrorCode.none and h.state().state is S.COMPLETE_COMMIT
+    assert h.markers == [(pid, 0, True, frozenset({TP, ("t", 1), ("__consumer_offsets", 0)}))]
+    # retried commit is fine, a mismatched abort is not
+    assert h.tc.end_txn("a", pid, 0, committed=True).error == ErrorCode.none
+    assert h.tc.end_txn("a", pid, 0, committed=False).error == ErrorCode.invalid_txn_state
+    fresh = TransactionCoordinator(InMemoryProducerIdManager(100), h.clock)
+    for k, v in h.log:
+        fresh.replay(k, v)
+    assert fresh.state_of("a") == h.state()
+
+
+def test_abort_cycle_and_end_txn_errors() -> None:
+    h = Harness()
+    pid = h.init().producer_id
+    assert h.tc.end_txn("a", pid, 0, committed=True).error == ErrorCode.invalid_txn_state  # Empty
+    h.apply(h.tc.add_partitions_to_txn("a", pid, 0, [TP]))
+    h.apply(h.tc.end_txn("a", pid, 0, committed=False))
+    assert h.state().state is S.COMPLETE_ABORT and h.markers[-1][2] is False
+    assert h.tc.end_txn("a", pid, 0, committed=False).error == ErrorCode.none
+    assert h.tc.end_txn("a", pid, 0, committed=True).error == ErrorCode.invalid_txn_state
+    assert h.tc.end_txn("a", pid + 1, 0, committed=True).error == ErrorCode.invalid_producer_id_mapping
+    assert h.tc.end_txn("nope", pid, 0, committed=True).error == ErrorCode.invalid_producer_id_mapping
+    assert h.tc.end_txn("a", pid, 7, committed=True).error == ErrorCode.producer_fenced
+
+
+def test_prepare_states_answer_concurrent_transactions() -> None:
+    h = Harness()
+    pid = h.init().producer_id
+    h.apply(h.tc.add_partitions_to_txn("a", pid, 0, [TP]))
+    h.write_markers = False  # crash between PrepareCommit and the markers
+    h.apply(h.tc.end_txn("a", pid, 0, committed=True))
+    assert h.state().state is S.PREPARE_COMMIT
+    assert h.tc.end_txn("a", pid, 0, committed=True).error == ErrorCode.concurrent_transactions
+    assert h.tc.end_txn("a", pid, 0, committed=False).error == ErrorCode.invalid_txn_state
+    assert h.tc.add_partitions_to_txn("a", pid, 0, [TP]).error == ErrorCode.concurrent_transactions
+    assert h.tc.init_producer_id("a", 60_000).error == ErrorCode.concurrent_transactions
+    # restart: replaying the log leaves the transaction to finish
+    fresh = TransactionCoordinator(InMemoryProducerIdManager(100), h.clock)
+    for k, v in h.log:
+        fresh.replay(k, v)
+    [pending] = fresh.pending_markers()
+    assert pending.commit and pending.partitions == frozenset({TP}) and pending.producer_id == pid
+    done = fresh.markers_written("a", pid, 0, True)
+    for k, v in done.records:
+        fresh.replay(k, v)
+    assert fresh.state_of("a").state is S.COMPLETE_COMMIT  # type: ignore[union-attr]
+    assert fresh.pending_markers() == []
+
+
+def test_prepare_abort_answers_concurrent_for_abort_retries() -> None:
+    h = Harness()
+    pid = h.init().producer_id
+    h.apply(h.tc.add_partitions_to_txn("a", pid, 0, [TP]))
+    h.write_markers = False
+    h.apply(h.tc.end_txn("a", pid, 0, committed=False))
+    assert h.tc.end_txn("a", pid, 0, committed=False).error == ErrorCode.concurrent_transactions
+    assert h.tc.end_txn("a", pid, 0, committed=True).error == ErrorCode.invalid_txn_state
+
+
+def test_init_during_an_open_transaction_fences_and_aborts_it() -> None:
+    h = Harness()
+    pid = h.init().producer_id
+    h.apply(h.tc.add_partitions_to_txn("a", pid, 0, [TP]))
+    r = h.init()
+    assert r.error == ErrorCode.concurrent_transactions
+    assert h.markers == [(pid, 1, False, frozenset({TP}))]  # the abort carries the bumped epoch
+    assert h.state().state is S.COMPLETE_ABORT
+    r = h.init()  # the client's retry
+    assert (r.error, r.producer_id, r.producer_epoch) == (ErrorCode.none, pid, 2)
+    # the zombie (epoch 0) is fenced everywhere
+    assert h.tc.add_partitions_to_txn("a", pid, 0, [TP]).error == ErrorCode.producer_fenced
+    assert h.tc.end_txn("a", pid, 0, committed=True).error == ErrorCode.producer_fenced
+    assert h.tc.is_partition_in_transaction(pid, 0, *TP) == ErrorCode.invalid_producer_epoch
+
+
+def test_kip_890_produce_check() -> None:
+    h = Harness()
+    pid = h.init().producer_id
+    assert h.tc.is_partition_in_transaction(pid, 0, *TP) == ErrorCode.invalid_txn_state  # nothing added
+    h.apply(h.tc.add_partitions_to_txn("a", pid, 0, [TP]))
+    assert h.tc.is_partition_in_transaction(pid, 0, *TP) == ErrorCode.none
+    assert h.tc.is_partition_in_transaction(pid, 0, "t", 9) == ErrorCode.invalid_txn_state
+    h.apply(h.tc.end_txn("a", pid, 0, committed=True))
+    # a late produce after the commit cannot land in the next transaction
+    assert h.tc.is_partition_in_transaction(pid, 0, *TP) == ErrorCode.invalid_txn_state
+    assert h.tc.is_partition_in_transaction(9999, 0, *TP) == ErrorCode.invalid_producer_id_mapping
+
+
+def test_kip_360_reinit_with_current_and_retried_epochs() -> None:
+    h = Harness()
+    pid = h.init().producer_id
+    r = h.init(pid=pid, epoch=0)
+    assert (r.error, r.producer_epoch) == (ErrorCode.none, 1)
+    r = h.init(pid=pid, epoch=0)  # a retry of the same request: answered with the current epoch
+    assert (r.error, r.producer_epoch) == (ErrorCode.none, 1)
+    assert h.init(pid=pid, epoch=5).error == ErrorCode.producer_fenced
+    assert h.init(pid=pid + 50, epoch=1).error == ErrorCode.producer_fenced
+
+
+def test_epoch_exhaustion_allocates_a_new_producer_id() -> None:
+    h = Harness()
+    pid = h.init().producer_id
+    meta = h.state()
+    bumped = TransactionMetadata(**{**{f: getattr(meta, f) for f in meta.__dataclass_fields__},
+                                    "producer_epoch": MAX_PRODUCER_EPOCH})
+    from oncelog.coordinator.transaction import log as txnlog
+
+    h.tc.replay(txnlog.encode_key("a"), txnlog.encode_value(bumped))
+    r = h.init()
+    assert r.producer_id != pid and r.producer_epoch == 0
+    assert h.state().previous_producer_id == pid
+
+
+def test_timeout_aborts_with_a_bumped_epoch() -> None:
+    clock = ManualClock()
+    h = Harness(clock)
+    pid = h.init(timeout=1000).producer_id
+    h.apply(h.tc.add_partitions_to_txn("a", pid, 0, [TP]))
+    clock.advance(999)
+    assert h.tc.expire(clock.now_ms()) == []
+    clock.advance(2)
+    for r in h.tc.expire(clock.now_ms()):
+        h.apply(r)
+    assert h.state().state is S.COMPLETE_ABORT and h.state().producer_epoch == 1
+    assert h.markers == [(pid, 1, False, frozenset({TP}))]
+    assert h.tc.end_txn("a", pid, 0, committed=True).error == ErrorCode.producer_fenced
+
+
+def test_timeout_validation_and_idle_id_expiration() -> None:
+    clock = ManualClock()
+    h = Harness(clock, transaction_max_timeout_ms=10_000, transactional_id_expiration_ms=5_000)
+    assert h.init(timeout=10_001).error == ErrorCode.invalid_transaction_timeout
+    assert h.init(timeout=0).error == ErrorCode.invalid_transaction_timeout
+    h.init(timeout=10_000)
+    clock.advance(5_001)
+    for r in h.tc.expire(clock.now_ms()):
+        h.apply(r)
+    assert h.tc.state_of("a") is None
+    assert h.log[-1][1] is None  # a tombstone
+
+
+def test_idempotent_producers_get_fresh_ids_without_records() -> None:
+    h = Harness()
+    a = h.tc.init_producer_id(None, 60_000)
+    b = h.tc.init_producer_id(None, 60_000)
+    assert a.producer_id != b.producer_id and a.records == [] and a.producer_epoch == 0
+
+
+def test_admin_abort_describe_and_list() -> None:
+    clock = ManualClock()
+    h = Harness(clock)
+    pid = h.init().producer_id
+    h.apply(h.tc.add_partitions_to_txn("a", pid, 0, [TP]))
+    h.init("b")
+    [desc] = h.tc.describe_transactions(["a"])
+    assert desc["transaction_state"] == "Ongoing" and desc["topics"] == [{"topic": "t", "partitions": [0]}]
+    assert h.tc.describe_transactions(["zz"])[0]["error_code"] == ErrorCode.transactional_id_not_found
+    assert {t["transactional_id"] for t in h.tc.list_transactions()} == {"a", "b"}
+    assert [t["transactional_id"] for t in h.tc.list_transactions(["Ongoing"])] == ["a"]
+    clock.advance(5000)
+    assert [t["transactional_id"] for t in h.tc.list_transactions(duration_filter_ms=4000)] == ["a"]
+    assert h.tc.abort_transaction("b").error == ErrorCode.invalid_txn_state
+    h.apply(h.tc.abort_transaction("a"))
+    assert h.state().state is S.COMPLETE_ABORT
+    assert h.tc.abort_transaction("zz").error == ErrorCode.transactional_id_not_found
+
+
+def test_every_transition_outside_the_table_raises() -> None:
+    base = TransactionMetadata("x", 1, -1, 0, -1, 1000, S.EMPTY, frozenset(), -1, 0)
+    for target, allowed in VALID_PREVIOUS.items():
+        for source in TransactionState:
+            meta = TransactionMetadata(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
+                                          "state": source})
+            if source in allowed:
+                assert meta.transition(target).state is target
+            else:
+                with pytest.raises(IllegalStateTransition):
+                    meta.transition(target)
+
+
+def test_producer_ids_are_never_reused_across_restarts(tmp_path: Path) -> None:
+    path = tmp_path / "pids"
+    first = ProducerIdManager(path, block_size=10)
+    ids = [first.next_producer_id() for _ in range(3)]
+    second = ProducerIdManager(path, block_size=10)  # as after kill -9: the block is skipped
+    more = [second.next_producer_id() for _ in range(15)]
+    assert not set(ids) & set(more)
+    assert more == sorted(more) and more[0] == 10
