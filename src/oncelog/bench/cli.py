@@ -70,20 +70,20 @@ def run(args: argparse.Namespace) -> int:
         rows.remove("consume")
         rows.insert(rows.index("produce") + 1, "consume")
     brokers: dict[str, dict[str, dict[str, Any]]] = {}
-    with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as tmp:
-        with console.status("starting oncelog broker") as status:
-            ours = oncelog_broker(Path(tmp) / "data").start()
+    with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as tmp, \
+            console.status("starting oncelog broker") as status:
+        ours = oncelog_broker(Path(tmp) / "data").start()
+        try:
+            brokers["oncelog"] = measure(ours, rows, args.records, args.size, lambda s: status.update(s))
+        finally:
+            ours.stop()
+        if not args.no_tansu and tansu_binary() is not None:
+            status.update("starting Tansu broker")
+            tansu = tansu_broker().start()
             try:
-                brokers["oncelog"] = measure(ours, rows, args.records, args.size, lambda s: status.update(s))
+                brokers["tansu"] = measure(tansu, rows, args.records, args.size, lambda s: status.update(s))
             finally:
-                ours.stop()
-            if not args.no_tansu and tansu_binary() is not None:
-                status.update("starting Tansu broker")
-                tansu = tansu_broker().start()
-                try:
-                    brokers["tansu"] = measure(tansu, rows, args.records, args.size, lambda s: status.update(s))
-                finally:
-                    tansu.kill()
+                tansu.kill()
     table = Table(title=f"{args.records} records of {args.size} B, librdkafka, acks=all, one partition")
     table.add_column("workload")
     for name in brokers:
@@ -100,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
             cells.append(f"{a['mb_per_s'] / b['mb_per_s']:.2f}x" if "mb_per_s" in a and "mb_per_s" in b else "-")
         table.add_row(row, *cells)
     ours_rows = brokers["oncelog"]
-    if "mb_per_s" in ours_rows.get("produce_idempotent", {}) and "mb_per_s" in ours_rows.get("produce_transactional", {}):
+    idem, txn = ours_rows.get("produce_idempotent", {}), ours_rows.get("produce_transactional", {})
+    if "mb_per_s" in idem and "mb_per_s" in txn:
         ratio = ours_rows["produce_transactional"]["mb_per_s"] / ours_rows["produce_idempotent"]["mb_per_s"]
         table.caption = f"oncelog transactional (commit every 100 ms) / idempotent = {ratio:.3f}"
     console.print(table)

@@ -141,9 +141,9 @@ def _ms_to_td(v: Any) -> Any:
 
 
 def _ms_to_datetime(v: Any) -> Any:
-    """Kafka encodes "no timestamp" as -1, which kio models as None."""
+    """Milliseconds -> the aware datetime kio writes back as the same int64 (-1 stays -1)."""
     if isinstance(v, int):
-        return None if v < 0 else datetime.datetime.fromtimestamp(v / 1000, tz=datetime.UTC)
+        return datetime.datetime.fromtimestamp(v / 1000, tz=datetime.UTC)
     return v
 
 

@@ -65,6 +65,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     API_ADD_OFFSETS_TO_TXN: (0, 3),
     API_END_TXN: (0, 3),
     API_TXN_OFFSET_COMMIT: (0, 3),
+    API_WRITE_TXN_MARKERS: (1, 1),
     API_DESCRIBE_CONFIGS: (1, 4),
     API_CREATE_PARTITIONS: (0, 3),
     API_DELETE_GROUPS: (0, 2),

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 from oncelog.coordinator.producer_ids import ProducerIdManager
 from oncelog.coordinator.transaction.coordinator import TransactionCoordinator
 from oncelog.protocol import records as rb
+from oncelog.protocol.errors import ErrorCode
 from oncelog.server.internal_log import encode_batch, read_all
+from oncelog.storage.errors import ProducerStateError
 from oncelog.storage.partition_log import AppendOrigin
 
 if TYPE_CHECKING:
@@ -104,6 +106,23 @@ class Coordination:
             plog.append(batch, origin=AppendOrigin.COORDINATOR)
             self.on_marker(topic, partition, markers.producer_id, markers.commit)
             self.broker.notify_append((topic, partition))
+
+    def write_marker(self, topic: str, partition: int, producer_id: int, producer_epoch: int,
+                     coordinator_epoch: int, commit: bool) -> ErrorCode:
+        """One marker written on an admin's request (WriteTxnMarkers); refused if it would fence."""
+        plog = self.broker.logs.get_partition(topic, partition)
+        if plog is None:
+            return ErrorCode.unknown_topic_or_partition
+        batch = rb.build_control_batch(rb.CONTROL_COMMIT if commit else rb.CONTROL_ABORT, producer_id=producer_id,
+                                       producer_epoch=producer_epoch, coordinator_epoch=coordinator_epoch,
+                                       timestamp_ms=self.broker.clock.now_ms())
+        try:
+            plog.append(batch, origin=AppendOrigin.COORDINATOR)
+        except ProducerStateError as exc:
+            return ErrorCode(exc.error_code)
+        self.on_marker(topic, partition, producer_id, commit)
+        self.broker.notify_append((topic, partition))
+        return ErrorCode.none
 
     def on_marker(self, topic: str, partition: int, producer_id: int, commit: bool) -> None:
         """Hook for the group coordinator: pending transactional offsets resolve at the marker."""

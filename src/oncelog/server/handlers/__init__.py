@@ -28,4 +28,8 @@ HANDLERS: dict[int, Handler] = {
     v.API_ADD_PARTITIONS_TO_TXN: txn.handle_add_partitions_to_txn,
     v.API_ADD_OFFSETS_TO_TXN: txn.handle_add_offsets_to_txn,
     v.API_END_TXN: txn.handle_end_txn,
+    v.API_DESCRIBE_PRODUCERS: txn.handle_describe_producers,
+    v.API_DESCRIBE_TRANSACTIONS: txn.handle_describe_transactions,
+    v.API_LIST_TRANSACTIONS: txn.handle_list_transactions,
+    v.API_WRITE_TXN_MARKERS: txn.handle_write_txn_markers,
 }

@@ -64,3 +64,68 @@ def handle_end_txn(broker: Broker, req: Request) -> dict[str, Any]:
     result = c.txn.end_txn(body.transactional_id, body.producer_id, body.producer_epoch, body.committed)
     c.apply_txn_result(result)
     return {"throttle_time": 0, "error_code": result.error}
+
+
+def handle_describe_producers(broker: Broker, req: Request) -> dict[str, Any]:
+    topics = []
+    for t in req.body.topics:
+        parts = []
+        for p in t.partition_indexes:
+            plog = broker.logs.get_partition(t.name, p)
+            if plog is None:
+                parts.append({"partition_index": p, "error_code": ErrorCode.unknown_topic_or_partition,
+                              "error_message": None, "active_producers": []})
+                continue
+            ongoing = plog.producer_state.ongoing
+            parts.append({"partition_index": p, "error_code": ErrorCode.none, "error_message": None,
+                          "active_producers": [
+                              {"producer_id": e.producer_id, "producer_epoch": e.producer_epoch,
+                               "last_sequence": e.last_seq, "last_timestamp": e.last_timestamp,
+                               "coordinator_epoch": e.coordinator_epoch,
+                               "current_txn_start_offset": ongoing.get(e.producer_id, -1)}
+                              for e in plog.producers()]})
+        topics.append({"name": t.name, "partitions": parts})
+    return {"throttle_time": 0, "topics": topics}
+
+
+def handle_describe_transactions(broker: Broker, req: Request) -> dict[str, Any]:
+    states = broker.coordination.txn.describe_transactions(req.body.transactional_ids)
+    for s in states:
+        s.setdefault("transaction_state", "")
+        s["transaction_timeout"] = s.pop("transaction_timeout_ms", 0)
+        # Kafka sends -1 when no transaction is open; kio-based readers (ours included) refuse a
+        # negative timestamp, so "none" is sent as 0 (the epoch), which no real transaction has.
+        s["transaction_start_time"] = max(s.pop("transaction_start_time_ms", 0), 0)
+        s.setdefault("producer_id", -1)
+        s.setdefault("producer_epoch", -1)
+        s.setdefault("topics", [])
+    return {"throttle_time": 0, "transaction_states": states}
+
+
+def handle_list_transactions(broker: Broker, req: Request) -> dict[str, Any]:
+    body = req.body
+    known = {"Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort", "Dead",
+             "PrepareEpochFence"}
+    unknown = [s for s in body.state_filters if s not in known]
+    listed = broker.coordination.txn.list_transactions(
+        [s for s in body.state_filters if s in known], body.producer_id_filters,
+        getattr(body, "duration_filter", -1))
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "unknown_state_filters": unknown,
+            "transaction_states": listed}
+
+
+def handle_write_txn_markers(broker: Broker, req: Request) -> dict[str, Any]:
+    """Write COMMIT/ABORT markers directly (Kafka's inter-broker API; used by `transactions abort` to
+    close a hanging transaction the coordinator no longer knows)."""
+    out = []
+    for m in req.body.markers:
+        topics = []
+        for t in m.topics:
+            parts = []
+            for p in t.partition_indexes:
+                code = broker.coordination.write_marker(t.name, p, m.producer_id, m.producer_epoch,
+                                                        m.coordinator_epoch, bool(m.transaction_result))
+                parts.append({"partition_index": p, "error_code": code})
+            topics.append({"name": t.name, "partitions": parts})
+        out.append({"producer_id": m.producer_id, "topics": topics})
+    return {"markers": out}
