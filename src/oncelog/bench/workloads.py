@@ -63,7 +63,7 @@ def produce_idempotent(bootstrap: str, topic: str, records: int, size: int) -> d
 
 
 def produce_transactional(bootstrap: str, topic: str, records: int, size: int) -> dict[str, float]:
-    p = _producer(bootstrap, **{"transactional.id": f"bench-{time.time_ns()}"})
+    p = _producer(bootstrap, **{"transactional.id": f"bench-{time.time_ns()}", "enable.idempotence": True})
     return _produce(p, topic, records, size, txn_every_ms=100)
 
 
