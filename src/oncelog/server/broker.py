@@ -69,6 +69,8 @@ class Broker:
             self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
             self.coordination.expire_transactions)))
         self._tasks.append(loop.create_task(self._every(60_000, self._expire_producers)))
+        self._tasks.append(loop.create_task(self._every(100, self.coordination.tick_groups)))
+        self._tasks.append(loop.create_task(self._every(600_000, self.coordination.expire_offsets)))
         host, port = self.config.advertised
         log.info("oncelog broker %d listening on %s:%d (advertised %s:%d), data in %s",
                  self.config.node_id, self.config.listen_host, self.config.listen_port, host, port,

@@ -19,6 +19,8 @@ import os
 import zlib
 from typing import TYPE_CHECKING, Any
 
+from oncelog.coordinator.group.group_coordinator import GroupCoordinator
+from oncelog.coordinator.group.offset_records import decode as decode_offset_record
 from oncelog.coordinator.producer_ids import ProducerIdManager
 from oncelog.coordinator.transaction.coordinator import TransactionCoordinator
 from oncelog.protocol import records as rb
@@ -52,6 +54,11 @@ class Coordination:
             transactional_id_expiration_ms=cfg.transactional_id_expiration_ms,
             offsets_partition_for=self.offsets_partition_for,
         )
+        self.groups = GroupCoordinator(
+            broker.clock, group_min_session_timeout_ms=cfg.group_min_session_timeout_ms,
+            group_max_session_timeout_ms=cfg.group_max_session_timeout_ms,
+            group_initial_rebalance_delay_ms=cfg.group_initial_rebalance_delay_ms,
+            offsets_retention_ms=cfg.offsets_retention_minutes * 60_000)
         self.fault_point = os.environ.get("ONCELOG_FAULT_POINT", "")
 
     # --- partitions of internal topics ---------------------------------------------------------
@@ -71,6 +78,19 @@ class Coordination:
             if rec.key is not None:
                 self.txn.replay(rec.key, rec.value)
                 n += 1
+        self.groups.loading = True
+        offsets_info = self.broker.logs.topics()[CONSUMER_OFFSETS_TOPIC]
+        n_offsets = 0
+        for p in range(offsets_info.num_partitions):
+            plog = self.broker.logs.get_partition(CONSUMER_OFFSETS_TOPIC, p)
+            for rec in read_all(plog):
+                if rec.control is not None:
+                    self.groups.replay_control(rec.producer_id, rec.control == rb.CONTROL_COMMIT)
+                elif rec.key is not None:
+                    self.groups.replay(rec.key, rec.value, rec.producer_id, rec.transactional)
+                    n_offsets += 1
+        self.groups.loaded()
+        log.info("loaded %d consumer offsets record(s), %d group(s)", n_offsets, len(self.groups.groups))
         pending = self.txn.pending_markers()
         log.info("loaded %d transaction log record(s); %d transaction(s) to complete", n, len(pending))
         for markers in pending:
@@ -125,7 +145,51 @@ class Coordination:
         return ErrorCode.none
 
     def on_marker(self, topic: str, partition: int, producer_id: int, commit: bool) -> None:
-        """Hook for the group coordinator: pending transactional offsets resolve at the marker."""
+        """Pending transactional offsets resolve when the marker lands in the offsets partition."""
+        if topic == CONSUMER_OFFSETS_TOPIC:
+            self.groups.replay_control(producer_id, commit)
+
+    # --- groups -----------------------------------------------------------------------------------
+    def apply_group_records(self, group_id: str, records: list[tuple[bytes, bytes | None]]) -> None:
+        """Append to the group's offsets partition, then replay (records, then replay)."""
+        topic, partition = self.offsets_partition_for(group_id)
+        plog = self.broker.logs.get_partition(topic, partition)
+        assert plog is not None
+        plog.append(encode_batch(records, self.broker.clock.now_ms()), origin=AppendOrigin.COORDINATOR)
+        for key, value in records:
+            self.groups.replay(key, value)
+
+    def apply_txn_offset_records(self, group_id: str, producer_id: int, producer_epoch: int,
+                                 records: list[tuple[bytes, bytes | None]]) -> ErrorCode:
+        """TxnOffsetCommit: the records join the producer's transaction in the offsets partition."""
+        topic, partition = self.offsets_partition_for(group_id)
+        plog = self.broker.logs.get_partition(topic, partition)
+        assert plog is not None
+        batch = encode_batch(records, self.broker.clock.now_ms(), producer_id=producer_id,
+                             producer_epoch=producer_epoch, transactional=True)
+        try:
+            plog.append(batch, origin=AppendOrigin.COORDINATOR)
+        except ProducerStateError as exc:
+            return ErrorCode(exc.error_code)
+        for key, value in records:
+            self.groups.replay(key, value, producer_id, transactional=True)
+        return ErrorCode.none
+
+    def flush_group_records(self) -> None:
+        """Persist membership changes (completed rebalances, groups becoming empty)."""
+        for key, value in self.groups.take_records():
+            kind, ident, _ = decode_offset_record(key, value)
+            self.apply_group_records(ident[0] if kind == "offset" else ident, [(key, value)])
+
+    def tick_groups(self) -> None:
+        for key, value in self.groups.tick():
+            kind, ident, _ = decode_offset_record(key, value)
+            self.apply_group_records(ident[0] if kind == "offset" else ident, [(key, value)])
+
+    def expire_offsets(self) -> None:
+        for key, value in self.groups.expire_offsets():
+            kind, ident, _ = decode_offset_record(key, value)
+            self.apply_group_records(ident[0] if kind == "offset" else ident, [(key, value)])
 
     def expire_transactions(self) -> None:
         for result in self.txn.expire(self.broker.clock.now_ms()):

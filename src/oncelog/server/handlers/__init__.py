@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from oncelog.protocol import versions as v
-from oncelog.server.handlers import admin, coordinator_lookup, fetch, list_offsets, metadata, produce, txn
+from oncelog.server.handlers import admin, coordinator_lookup, fetch, group, list_offsets, metadata, produce, txn
 
 Handler = Callable[[Any, Any], Any]
 
@@ -32,4 +32,15 @@ HANDLERS: dict[int, Handler] = {
     v.API_DESCRIBE_TRANSACTIONS: txn.handle_describe_transactions,
     v.API_LIST_TRANSACTIONS: txn.handle_list_transactions,
     v.API_WRITE_TXN_MARKERS: txn.handle_write_txn_markers,
+    v.API_JOIN_GROUP: group.handle_join_group,
+    v.API_SYNC_GROUP: group.handle_sync_group,
+    v.API_HEARTBEAT: group.handle_heartbeat,
+    v.API_LEAVE_GROUP: group.handle_leave_group,
+    v.API_OFFSET_COMMIT: group.handle_offset_commit,
+    v.API_OFFSET_FETCH: group.handle_offset_fetch,
+    v.API_TXN_OFFSET_COMMIT: group.handle_txn_offset_commit,
+    v.API_LIST_GROUPS: group.handle_list_groups,
+    v.API_DESCRIBE_GROUPS: group.handle_describe_groups,
+    v.API_DELETE_GROUPS: group.handle_delete_groups,
+    v.API_OFFSET_DELETE: group.handle_offset_delete,
 }

@@ -1,0 +1,1 @@
+"""The classic consumer-group coordinator and offset storage (sans-IO)."""

@@ -1,0 +1,126 @@
+"""Group states, their allowed transitions (as data), members and groups.
+
+Invariants: ``generation_id`` only grows; ``leader_id`` is a member while members exist; a member is
+in ``members`` or in ``pending_members`` (waiting to rejoin with the id it was given), never both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class GroupState(Enum):
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+G = GroupState
+
+VALID_PREVIOUS: dict[GroupState, frozenset[GroupState]] = {
+    G.EMPTY: frozenset({G.PREPARING_REBALANCE, G.EMPTY}),
+    G.PREPARING_REBALANCE: frozenset({G.EMPTY, G.STABLE, G.COMPLETING_REBALANCE, G.PREPARING_REBALANCE}),
+    G.COMPLETING_REBALANCE: frozenset({G.PREPARING_REBALANCE}),
+    G.STABLE: frozenset({G.COMPLETING_REBALANCE}),
+    G.DEAD: frozenset({G.EMPTY, G.STABLE, G.PREPARING_REBALANCE, G.COMPLETING_REBALANCE, G.DEAD}),
+}
+
+
+class IllegalGroupTransition(Exception):
+    pass
+
+
+@dataclass
+class MemberMetadata:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+    assignment: bytes = b""
+    last_heartbeat_ms: int = 0
+    awaiting_join: Callable[[Any], None] | None = None
+    awaiting_sync: Callable[[Any], None] | None = None
+
+    def metadata_for(self, protocol: str) -> bytes:
+        for name, meta in self.protocols:
+            if name == protocol:
+                return meta
+        return b""
+
+
+@dataclass
+class GroupMetadata:
+    group_id: str
+    state: GroupState = GroupState.EMPTY
+    generation_id: int = 0
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader_id: str | None = None
+    members: dict[str, MemberMetadata] = field(default_factory=dict)
+    pending_members: dict[str, int] = field(default_factory=dict)  # member id -> expiry
+    static_members: dict[str, str] = field(default_factory=dict)  # group.instance.id -> member id
+    rebalance_deadline_ms: int = 0
+    initial_delay_until_ms: int = 0
+    state_timestamp_ms: int = 0
+
+    def transition_to(self, state: GroupState, now_ms: int) -> None:
+        if self.state not in VALID_PREVIOUS[state]:
+            raise IllegalGroupTransition(f"group {self.group_id}: {self.state.value} -> {state.value}")
+        self.state = state
+        self.state_timestamp_ms = now_ms
+
+    def select_protocol(self) -> str | None:
+        """The first protocol of the leader's (or any member's) preference list every member supports."""
+        if not self.members:
+            return None
+        supported = [{name for name, _ in m.protocols} for m in self.members.values()]
+        common = set.intersection(*supported)
+        first = self.members.get(self.leader_id or "") or next(iter(self.members.values()))
+        for name, _ in first.protocols:
+            if name in common:
+                return name
+        return None
+
+    def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
+        if not self.members:
+            return bool(protocols)
+        if protocol_type != self.protocol_type:
+            return False
+        names = {n for n, _ in protocols}
+        return all(names & {n for n, _ in m.protocols} for m in self.members.values())
+
+    def subscribed_topics(self) -> set[str]:
+        topics: set[str] = set()
+        if self.protocol_type != "consumer":
+            return topics
+        for m in self.members.values():
+            topics |= decode_subscription_topics(m.metadata_for(self.protocol_name or ""))
+        return topics
+
+
+def decode_subscription_topics(data: bytes) -> set[str]:
+    """Topics of a ConsumerProtocolSubscription (version i16, then an array of i16-length strings)."""
+    import struct
+
+    try:
+        pos = 2
+        (n,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        topics = set()
+        for _ in range(max(n, 0)):
+            (length,) = struct.unpack_from(">h", data, pos)
+            pos += 2
+            topics.add(data[pos : pos + length].decode())
+            pos += length
+        return topics
+    except (struct.error, UnicodeDecodeError):
+        return set()
