@@ -330,13 +330,10 @@ class GroupCoordinator:
             for pid, expiry in list(g.pending_members.items()):
                 if now >= expiry:
                     del g.pending_members[pid]
+            # Session expiry applies in every state, rebalances included: a dead member must not hold
+            # a rebalance until the (much longer) rebalance timeout.
             expired = [mid for mid, m in g.members.items()
-                       if m.awaiting_join is None and now - m.last_heartbeat_ms > m.session_timeout_ms
-                       and g.state is not G.PREPARING_REBALANCE]
-            if g.state is G.PREPARING_REBALANCE:
-                expired = [mid for mid, m in g.members.items()
-                           if m.awaiting_join is None and now - m.last_heartbeat_ms > m.session_timeout_ms
-                           and now >= g.rebalance_deadline_ms]
+                       if m.awaiting_join is None and now - m.last_heartbeat_ms > m.session_timeout_ms]
             for mid in expired:
                 self._remove_member(g, mid)
             if expired:
