@@ -1,0 +1,223 @@
+"""The sans-IO group coordinator with a manual clock: joins, syncs, heartbeats, expiry, offsets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from oncelog.clock import ManualClock
+from oncelog.coordinator.group.group_coordinator import GroupCoordinator, JoinResult, SyncResult
+from oncelog.coordinator.group.group_state import VALID_PREVIOUS, GroupMetadata, GroupState, IllegalGroupTransition
+
+PROTO = [("range", b"\x00\x00\x00\x00\x00\x01\x00\x01t\xff\xff\xff\xff")]
+
+
+class Box:
+    def __init__(self) -> None:
+        self.value: Any = None
+
+    def __call__(self, v: Any) -> None:
+        self.value = v
+
+
+def make(delay: int = 0) -> tuple[GroupCoordinator, ManualClock]:
+    clock = ManualClock()
+    return GroupCoordinator(clock, group_initial_rebalance_delay_ms=delay), clock
+
+
+def join(gc: GroupCoordinator, member: str = "", instance: str | None = None, protocols=PROTO,  # type: ignore[no-untyped-def]
+         require_known: bool = False, session: int = 10_000) -> Box:
+    box = Box()
+    gc.join_group("g", member, instance, "client", "/h", session, 20_000, "consumer", protocols, require_known, box)
+    return box
+
+
+def sync(gc: GroupCoordinator, member: str, generation: int, assignments=()) -> Box:  # type: ignore[no-untyped-def]
+    box = Box()
+    gc.sync_group("g", generation, member, None, list(assignments), box)
+    return box
+
+
+def test_two_members_join_one_generation_and_sync_assignments() -> None:
+    gc, clock = make()
+    a = join(gc)
+    assert a.value.error == ErrorCode.none and a.value.generation_id == 1  # alone: completes at once
+    a_id = a.value.member_id
+    sync(gc, a_id, 1, [(a_id, b"all")])
+    b = join(gc)  # a second member triggers a rebalance; a must rejoin
+    assert b.value is None
+    assert gc.heartbeat("g", 1, a_id, None) == ErrorCode.rebalance_in_progress
+    a2 = join(gc, a_id)
+    assert a2.value.generation_id == b.value.generation_id == 2
+    leader = a2.value if a2.value.leader == a2.value.member_id else b.value
+    assert len(leader.members) == 2 and a2.value.protocol_name == "range"
+    follower_id = b.value.member_id
+    fs = sync(gc, follower_id, 2)
+    assert fs.value is None  # waits for the leader's assignment
+    ls = sync(gc, a_id, 2, [(a_id, b"p0"), (follower_id, b"p1")])
+    assert isinstance(fs.value, SyncResult) and fs.value.assignment == b"p1" and ls.value.assignment == b"p0"
+    assert gc.groups["g"].state is GroupState.STABLE
+    assert gc.heartbeat("g", 1, a_id, None) == ErrorCode.illegal_generation
+    assert gc.heartbeat("g", 2, "nobody", None) == ErrorCode.unknown_member_id
+    assert sync(gc, a_id, 1).value.error == ErrorCode.illegal_generation
+    records = gc.take_records()
+    assert records and all(k.startswith(b"\x00\x02") for k, _ in records)
+
+
+def test_member_id_required_then_join() -> None:
+    gc, _ = make()
+    first = join(gc, require_known=True)
+    assert first.value.error == ErrorCode.member_id_required and first.value.member_id
+    again = join(gc, first.value.member_id, require_known=True)
+    assert again.value.error == ErrorCode.none
+    assert join(gc, "made-up").value.error == ErrorCode.unknown_member_id
+
+
+def test_session_expiry_rebalances_and_empty_group_is_recorded() -> None:
+    gc, clock = make()
+    a = join(gc).value
+    sync(gc, a.member_id, 1, [(a.member_id, b"x")])
+    clock.advance(10_001)
+    gc.tick()
+    g = gc.groups["g"]
+    assert g.state is GroupState.EMPTY and not g.members and g.generation_id == 2
+
+
+def test_leave_group_and_dead_member_during_rebalance() -> None:
+    gc, clock = make()
+    a = join(gc).value
+    sync(gc, a.member_id, 1, [(a.member_id, b"x")])
+    b = join(gc)  # rebalance starts; a never rejoins (dead)
+    clock.advance(10_001)
+    gc.tick()
+    assert b.value is not None and b.value.generation_id == 2 and len(b.value.members) == 1
+    top, results = gc.leave_group("g", [(b.value.member_id, None)])
+    assert top == ErrorCode.none and gc.groups["g"].state is GroupState.EMPTY
+    assert gc.leave_group("g", [("ghost", None)])[0] == ErrorCode.unknown_member_id
+
+
+def test_static_member_rejoins_without_rebalance_and_old_id_is_fenced() -> None:
+    gc, _ = make()
+    a = join(gc, instance="i-1").value
+    sync(gc, a.member_id, 1, [(a.member_id, b"mine")])
+    again = join(gc, instance="i-1").value
+    assert again.error == ErrorCode.none and again.member_id != a.member_id and again.generation_id == 1
+    assert gc.groups["g"].state is GroupState.STABLE
+    assert sync(gc, again.member_id, 1).value.assignment == b"mine"
+    assert gc.heartbeat("g", 1, a.member_id, "i-1") == ErrorCode.unknown_member_id
+    assert gc.heartbeat("g", 1, again.member_id, "i-1") == ErrorCode.none
+    box = Box()
+    gc.sync_group("g", 1, a.member_id, "i-1", [], box)
+    assert box.value.error in (ErrorCode.unknown_member_id, ErrorCode.fenced_instance_id)
+
+
+def test_invalid_requests() -> None:
+    gc, _ = make()
+    box = Box()
+    gc.join_group("", "", None, "c", "h", 10_000, 10_000, "consumer", PROTO, False, box)
+    assert box.value.error == ErrorCode.invalid_group_id
+    assert join(gc, session=10).value.error == ErrorCode.invalid_session_timeout
+    join(gc)
+    assert join(gc, protocols=[("other", b"")]).value.error == ErrorCode.inconsistent_group_protocol
+
+
+def test_offset_commit_validation_and_replay() -> None:
+    gc, clock = make()
+    simple = gc.offset_commit("solo", -1, "", None, [("t", 0, 5, -1, "m")])
+    assert simple.errors == {("t", 0): ErrorCode.none}
+    assert gc.offset_fetch("solo", [("t", 0)], False)[("t", 0)][0] is None  # not visible before replay
+    for k, v in simple.records:
+        gc.replay(k, v)
+    assert gc.offset_fetch("solo", [("t", 0)], False)[("t", 0)][0].offset == 5  # type: ignore[union-attr]
+    a = join(gc).value
+    assert gc.offset_commit("g", 99, a.member_id, None, [("t", 0, 1, -1, None)]).errors[("t", 0)] == \
+        ErrorCode.illegal_generation
+    assert gc.offset_commit("g", 1, "nobody", None, [("t", 0, 1, -1, None)]).errors[("t", 0)] == \
+        ErrorCode.unknown_member_id
+    assert gc.offset_commit("g", -1, "", None, [("t", 0, 1, -1, None)]).errors[("t", 0)] == \
+        ErrorCode.unknown_member_id  # a group with members refuses "simple" commits
+    assert gc.offset_commit("g", 1, a.member_id, None, [("t", 0, 1, -1, None)]).errors[("t", 0)] == \
+        ErrorCode.rebalance_in_progress  # CompletingRebalance until the leader syncs
+    sync(gc, a.member_id, 1, [(a.member_id, b"")])
+    ok = gc.offset_commit("g", 1, a.member_id, None, [("t", 0, 1, -1, "x" * 5000), ("t", 1, 3, -1, None)])
+    assert ok.errors == {("t", 0): ErrorCode.offset_metadata_too_large, ("t", 1): ErrorCode.none}
+
+
+def test_transactional_offsets_pending_until_marker() -> None:
+    gc, _ = make()
+    r = gc.txn_offset_commit("g", 7, -1, "", None, [("t", 0, 10, -1, None)])
+    for k, v in r.records:
+        gc.replay(k, v, producer_id=7, transactional=True)
+    assert gc.offset_fetch("g", [("t", 0)], True)[("t", 0)] == (None, ErrorCode.unstable_offset_commit)
+    assert gc.offset_fetch("g", [("t", 0)], False)[("t", 0)] == (None, ErrorCode.none)
+    gc.replay_control(7, commit=True)
+    assert gc.offset_fetch("g", [("t", 0)], True)[("t", 0)][0].offset == 10  # type: ignore[union-attr]
+    r = gc.txn_offset_commit("g", 8, -1, "", None, [("t", 0, 20, -1, None)])
+    for k, v in r.records:
+        gc.replay(k, v, producer_id=8, transactional=True)
+    gc.replay_control(8, commit=False)
+    assert gc.offset_fetch("g", [("t", 0)], True)[("t", 0)][0].offset == 10  # type: ignore[union-attr]
+    # KIP-447: a stale generation is fenced
+    a = join(gc).value
+    assert gc.txn_offset_commit("g", 9, a.generation_id + 5, a.member_id, None,
+                                [("t", 0, 1, -1, None)]).errors[("t", 0)] == ErrorCode.illegal_generation
+
+
+def test_replay_restores_offsets_and_groups_after_restart() -> None:
+    gc, clock = make()
+    log: list[tuple[bytes, bytes | None, int, bool]] = []
+    a = join(gc).value
+    sync(gc, a.member_id, 1, [(a.member_id, b"assign")])
+    for k, v in gc.take_records():
+        log.append((k, v, -1, False))
+    for k, v in gc.offset_commit("g", 1, a.member_id, None, [("t", 0, 3, -1, None)]).records:
+        log.append((k, v, -1, False))
+    for k, v in gc.txn_offset_commit("g", 5, -1, "", None, [("t", 1, 9, -1, None)]).records:
+        log.append((k, v, 5, True))
+    fresh = GroupCoordinator(clock)
+    fresh.loading = True
+    for k, v, pid, txn in log:
+        fresh.replay(k, v, pid, txn)
+    fresh.loaded()
+    g = fresh.groups["g"]
+    assert g.state is GroupState.STABLE and g.generation_id == 1 and g.members[a.member_id].assignment == b"assign"
+    assert fresh.offset_fetch("g", [("t", 0)], False)[("t", 0)][0].offset == 3  # type: ignore[union-attr]
+    assert fresh.offset_fetch("g", [("t", 1)], True)[("t", 1)][1] == ErrorCode.unstable_offset_commit
+    assert fresh.heartbeat("g", 1, a.member_id, None) == ErrorCode.none
+
+
+def test_delete_groups_offset_delete_and_retention() -> None:
+    gc, clock = make()
+    for k, v in gc.offset_commit("solo", -1, "", None, [("t", 0, 1, -1, None)]).records:
+        gc.replay(k, v)
+    a = join(gc).value
+    errors, _ = gc.delete_groups(["g", "solo", "missing"])
+    assert errors == {"g": ErrorCode.non_empty_group, "solo": ErrorCode.none, "missing": ErrorCode.group_id_not_found}
+    assert "solo" not in gc.groups
+    sync(gc, a.member_id, 1, [(a.member_id, b"")])
+    top, per, _ = gc.offset_delete("g", [("t", 0), ("other", 0)])
+    assert per == {("t", 0): ErrorCode.group_subscribed_to_topic, ("other", 0): ErrorCode.none}
+    assert gc.offset_delete("nope", [])[0] == ErrorCode.group_id_not_found
+    for k, v in gc.offset_commit("old", -1, "", None, [("t", 0, 1, -1, None)]).records:
+        gc.replay(k, v)
+    clock.advance(gc.offsets_retention_ms + 1)
+    assert [k for k, v in gc.expire_offsets() if v is None]
+    assert [g for g, _, st in gc.list_groups(["Stable"])] == ["g"]
+
+
+def test_group_transitions_are_checked() -> None:
+    for target, allowed in VALID_PREVIOUS.items():
+        for source in GroupState:
+            g = GroupMetadata("x", state=source)
+            if source in allowed:
+                g.transition_to(target, 0)
+            else:
+                with pytest.raises(IllegalGroupTransition):
+                    g.transition_to(target, 0)
+
+
+def test_join_result_types() -> None:
+    gc, _ = make()
+    assert isinstance(join(gc).value, JoinResult)
