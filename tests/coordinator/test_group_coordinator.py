@@ -41,7 +41,7 @@ def sync(gc: GroupCoordinator, member: str, generation: int, assignments=()) -> 
 
 
 def test_two_members_join_one_generation_and_sync_assignments() -> None:
-    gc, clock = make()
+    gc, _clock = make()
     a = join(gc)
     assert a.value.error == ErrorCode.none and a.value.generation_id == 1  # alone: completes at once
     a_id = a.value.member_id
@@ -93,7 +93,7 @@ def test_leave_group_and_dead_member_during_rebalance() -> None:
     clock.advance(10_001)
     gc.tick()
     assert b.value is not None and b.value.generation_id == 2 and len(b.value.members) == 1
-    top, results = gc.leave_group("g", [(b.value.member_id, None)])
+    top, _results = gc.leave_group("g", [(b.value.member_id, None)])
     assert top == ErrorCode.none and gc.groups["g"].state is GroupState.EMPTY
     assert gc.leave_group("g", [("ghost", None)])[0] == ErrorCode.unknown_member_id
 
@@ -124,7 +124,7 @@ def test_invalid_requests() -> None:
 
 
 def test_offset_commit_validation_and_replay() -> None:
-    gc, clock = make()
+    gc, _clock = make()
     simple = gc.offset_commit("solo", -1, "", None, [("t", 0, 5, -1, "m")])
     assert simple.errors == {("t", 0): ErrorCode.none}
     assert gc.offset_fetch("solo", [("t", 0)], False)[("t", 0)][0] is None  # not visible before replay
@@ -197,7 +197,7 @@ def test_delete_groups_offset_delete_and_retention() -> None:
     assert errors == {"g": ErrorCode.non_empty_group, "solo": ErrorCode.none, "missing": ErrorCode.group_id_not_found}
     assert "solo" not in gc.groups
     sync(gc, a.member_id, 1, [(a.member_id, b"")])
-    top, per, _ = gc.offset_delete("g", [("t", 0), ("other", 0)])
+    _top, per, _ = gc.offset_delete("g", [("t", 0), ("other", 0)])
     assert per == {("t", 0): ErrorCode.group_subscribed_to_topic, ("other", 0): ErrorCode.none}
     assert gc.offset_delete("nope", [])[0] == ErrorCode.group_id_not_found
     for k, v in gc.offset_commit("old", -1, "", None, [("t", 0, 1, -1, None)]).records:

@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
         members = []
         for m in desc.members:
             assigned = m.assignment.topic_partitions if m.assignment else []
-            members.append([m.member_id, m.client_id, m.host, ",".join(f"{tp.topic}-{tp.partition}" for tp in assigned)])
+            names = ",".join(f"{tp.topic}-{tp.partition}" for tp in assigned)
+            members.append([m.member_id, m.client_id, m.host, names])
         _table(members, ["MemberId", "ClientId", "Host", "Assignment"],
                title=f"group {args.group}: {desc.state.name if desc.state else '?'}, "
                      f"protocol {desc.partition_assignor or '-'}")
