@@ -38,5 +38,13 @@ lint: setup
 bench: setup
 	$(BIN)/oncelog bench
 
+# A longer verify run with every fault, including SIGKILL/SIGSTOP of the broker (minutes).
+SOAK_DIR := $(shell mktemp -d -u /tmp/oncelog-soak.XXXXXX)
+soak: setup
+	$(BIN)/oncelog verify --duration 240 --seed $${SEED:-7} \
+		--faults drop,reset,delay,zombie,crash,broker-kill,broker-pause \
+		--broker-cmd "$(CURDIR)/$(BIN)/python -m oncelog broker --data-dir $(SOAK_DIR) --listen 127.0.0.1:{port}" \
+		--report soak-report.html
+
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

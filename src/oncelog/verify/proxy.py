@@ -21,8 +21,13 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 API_PRODUCE = 0
+API_METADATA = 3
+API_FIND_COORDINATOR = 10
+API_END_TXN = 26
+API_ADD_PARTITIONS_TO_TXN = 24
 
 
 @dataclass
@@ -61,6 +66,9 @@ class FaultProxy:
         self._thread: threading.Thread | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.base_events.Server | None = None
+        # Rewrite Metadata and FindCoordinator responses so that clients keep talking to the proxy
+        # whatever the broker advertises (single-broker clusters: every node maps to this proxy).
+        self.rewrite_addresses = True
 
     @property
     def address(self) -> str:
@@ -144,6 +152,31 @@ class FaultProxy:
             self._rules = [r for r in self._rules if r.remaining > 0]
         return None
 
+    def _rewrite(self, api_key: int, version: int, body: bytes) -> bytes:
+        """Point every broker address in a Metadata/FindCoordinator response at this proxy (kio codecs)."""
+        import dataclasses
+        import io
+
+        from kio.index import load_response_schema
+        from kio.serial import entity_reader, entity_writer
+
+        try:
+            resp_t: Any = load_response_schema(api_key, version)
+            header_t = resp_t.__header_schema__
+            header, pos = entity_reader(header_t)(body, 0)
+            resp, _ = entity_reader(resp_t)(body, pos)
+            if api_key == API_METADATA:
+                brokers = tuple(dataclasses.replace(b, host=self.host, port=self.port) for b in resp.brokers)
+                resp = dataclasses.replace(resp, brokers=brokers)
+            elif hasattr(resp, "host") and resp.port >= 0:
+                resp = dataclasses.replace(resp, host=self.host, port=self.port)
+            buf = io.BytesIO()
+            entity_writer(header_t)(buf, header)
+            entity_writer(resp_t)(buf, resp)
+            return buf.getvalue()
+        except Exception:  # an unparsable response is forwarded untouched
+            return body
+
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         self.stats.connections += 1
         try:
@@ -152,7 +185,7 @@ class FaultProxy:
             client_w.transport.abort()
             return
         self._writers.update((client_w, broker_w))
-        inflight: dict[int, int] = {}
+        inflight: dict[int, tuple[int, int]] = {}
 
         async def upstream() -> None:
             while True:
@@ -160,8 +193,8 @@ class FaultProxy:
                 (size,) = struct.unpack(">i", head)
                 body = await client_r.readexactly(size)
                 if size >= 8:
-                    api_key, _version, corr = struct.unpack_from(">hhi", body)
-                    inflight[corr] = api_key
+                    api_key, version, corr = struct.unpack_from(">hhi", body)
+                    inflight[corr] = (api_key, version)
                     self.stats.requests += 1
                 broker_w.write(head + body)
                 await broker_w.drain()
@@ -172,7 +205,7 @@ class FaultProxy:
                 (size,) = struct.unpack(">i", head)
                 body = await broker_r.readexactly(size)
                 corr = struct.unpack_from(">i", body)[0] if size >= 4 else -1
-                api_key = inflight.pop(corr, -1)
+                api_key, version = inflight.pop(corr, (-1, -1))
                 rule = self._should_drop(api_key)
                 if rule is not None:
                     self.stats.dropped_responses += 1
@@ -187,6 +220,9 @@ class FaultProxy:
                     delay = self._delay_s
                 if delay:
                     await asyncio.sleep(delay)
+                if self.rewrite_addresses and api_key in (API_METADATA, API_FIND_COORDINATOR):
+                    body = self._rewrite(api_key, version, body)
+                    head = struct.pack(">i", len(body))
                 client_w.write(head + body)
                 await client_w.drain()
 
