@@ -13,6 +13,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from oncelog.admin.raw_client import RawClient
 from oncelog.testing.broker_process import BrokerProcess, create_topic, oncelog_broker
 from tests.transactions.test_transactions_librdkafka import read_all
 
@@ -192,5 +193,28 @@ def test_transactional_copier_is_exactly_once_and_autocommit_is_not(tmp_path: Pa
         auto = collections.Counter(v for _, _, v in read_all(b.bootstrap, "cout-autocommit", 2, "read_uncommitted"))
         anomalies = len(expected - set(auto)) + sum(c - 1 for c in auto.values())
         assert anomalies > 0, "auto-commit under SIGKILL should lose or duplicate records"
+    finally:
+        b.kill()
+
+
+def test_roundrobin_and_cooperative_sticky_assignors(tmp_path: Path) -> None:
+    b = oncelog_broker(tmp_path / "d", *FAST, log_path=tmp_path / "broker.log").start()
+    try:
+        create_topic(b.bootstrap, "assign", 4)
+        for strategy in ("roundrobin", "cooperative-sticky"):
+            group = f"g-{strategy}"
+            c1 = consumer(b.bootstrap, group, "a", **{"partition.assignment.strategy": strategy})
+            c2 = consumer(b.bootstrap, group, "b", **{"partition.assignment.strategy": strategy})
+            c1.subscribe(["assign"])
+            poll_until([c1], lambda c1=c1: parts(c1) == [0, 1, 2, 3])
+            c2.subscribe(["assign"])
+            # cooperative: c1 revokes only what moves, then both converge on two partitions each
+            poll_until([c1, c2], lambda c1=c1, c2=c2: len(parts(c1)) == 2 and len(parts(c2)) == 2)
+            assert sorted(parts(c1) + parts(c2)) == [0, 1, 2, 3]
+            with RawClient(b.bootstrap) as client:
+                desc = client.request(15, (0, 5), {"groups": [group], "include_authorized_operations": False})
+            assert desc.groups[0].protocol_data == strategy
+            c1.close()
+            c2.close()
     finally:
         b.kill()
