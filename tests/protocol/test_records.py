@@ -67,3 +67,16 @@ def test_kio_decodes_our_batches() -> None:
     batch, _ = read_batch(_batch(2), 0)
     assert [rec.value for rec in batch.records] == [b"v0", b"v1"]
     assert [rec.offset for rec in batch.records] == [0, 1]
+
+
+def test_offset_delta_must_match_the_record_count() -> None:
+    import struct
+
+    import crc32c
+
+    data = bytearray(_batch(2))
+    struct.pack_into(">i", data, 23, 1000)  # last_offset_delta
+    struct.pack_into(">I", data, 17, crc32c.crc32c(bytes(data[21:])))
+    r.validate_batch(data)  # the CRC is right...
+    with pytest.raises(r.InvalidRecordError, match="last offset delta"):
+        r.split_batches(bytes(data))  # ...but the batch lies about its offsets

@@ -139,6 +139,11 @@ def split_batches(buf: bytes | bytearray | memoryview) -> list[tuple[int, BatchH
         raise InvalidRecordError("empty records")
     while pos < n:
         header = validate_batch(buf, pos)
+        if header.records_count <= 0 or header.last_offset_delta != header.records_count - 1:
+            # A produced batch holds consecutive offset deltas 0..count-1; anything else would let a
+            # client reserve arbitrary offset ranges.
+            raise InvalidRecordError(
+                f"batch claims {header.records_count} records but last offset delta {header.last_offset_delta}")
         out.append((pos, header))
         pos += header.size
     return out

@@ -72,8 +72,10 @@ def handle_produce(broker: Broker, req: Request) -> dict[str, Any] | None:
     body = req.body
     transactional_id = getattr(body, "transactional_id", None)
     responses = []
+    valid_acks = body.acks in (-1, 0, 1)
     for topic_data in body.topic_data:
-        parts = [produce_partition(broker, topic_data.name, pd.index, pd.records, transactional_id)
+        parts = [produce_partition(broker, topic_data.name, pd.index, pd.records, transactional_id) if valid_acks
+                 else _error(pd.index, ErrorCode.invalid_required_acks, f"acks must be -1, 0 or 1, not {body.acks}")
                  for pd in topic_data.partition_data]
         responses.append({"name": topic_data.name, "partition_responses": parts})
     if body.acks == 0:
