@@ -1,0 +1,1 @@
+"""oncelog.demo: the payments pipeline under injected faults (`oncelog demo`), and its harness."""

@@ -1,0 +1,210 @@
+"""Fault harness for the Spark pipeline: input generation, driver SIGKILL-and-restart, final reads.
+
+Used by tests/spark and by `oncelog demo`. Everything talks to the broker through confluent-kafka,
+so the harness works against any Kafka-protocol broker.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def produce_transactions(bootstrap: str, topic: str, records: Sequence[tuple[bytes, bytes]], per_txn: int,
+                         abort_every: int, partitions: int | None = None) -> list[tuple[bytes, bytes]]:
+    """Write ``records`` in transactions of ``per_txn``; every ``abort_every``-th transaction also
+    gets a batch of poison records (value prefixed ``aborted-``) and is aborted, then the real records
+    are written again in a committed one. Returns the committed records (all of ``records``)."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"oncelog-demo-gen-{uuid.uuid4()}"})
+    p.init_transactions(30)
+    for n, i in enumerate(range(0, len(records), per_txn)):
+        chunk = records[i:i + per_txn]
+        if abort_every and n % abort_every == abort_every - 1:
+            p.begin_transaction()
+            for j, (k, v) in enumerate(chunk):
+                p.produce(topic, key=k, value=b"aborted-" + v, partition=j % partitions if partitions else -1)
+            p.abort_transaction(30)
+        p.begin_transaction()
+        for j, (k, v) in enumerate(chunk):
+            p.produce(topic, key=k, value=v, partition=j % partitions if partitions else -1)
+        p.commit_transaction(30)
+    return list(records)
+
+
+def high_watermark_sum(consumer: Any, topic: str) -> int:
+    from confluent_kafka import TopicPartition
+
+    md = consumer.list_topics(topic, timeout=10).topics.get(topic)
+    if md is None or md.error is not None:
+        return 0
+    return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+               for p in md.partitions)
+
+
+def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed",
+               timeout_s: float = 60.0) -> list[tuple[bytes | None, bytes | None]]:
+    """Every (key, value) of ``topic`` up to its current end, partition by partition in offset order."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"oncelog-read-{uuid.uuid4()}",
+                  "enable.auto.commit": False, "isolation.level": isolation, "enable.partition.eof": True})
+    try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        parts = sorted(md.partitions)
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1] for p in parts}
+        out: list[tuple[bytes | None, bytes | None]] = []
+        for p in parts:
+            if ends[p] <= 0:
+                continue
+            c.assign([TopicPartition(topic, p, 0)])
+            deadline = time.monotonic() + timeout_s
+            position = 0
+            while position < ends[p] and time.monotonic() < deadline:
+                for m in c.consume(num_messages=max(1, min(5000, ends[p] - position)), timeout=0.2):
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            position = max(position, m.offset() or 0)
+                        continue
+                    position = (m.offset() or 0) + 1
+                    out.append((m.key(), m.value()))
+                pos = c.position([TopicPartition(topic, p)])[0].offset
+                position = max(position, pos)
+        return out
+    finally:
+        c.close()
+
+
+@dataclass
+class KillReport:
+    kills: int = 0
+    restarts: int = 0
+    exit_code: int | None = None
+    seconds: float = 0.0
+    log: list[str] = field(default_factory=list)
+
+
+def run_with_driver_kills(cmd: list[str], bootstrap: str, watch_topic: str, kills: int, seed: int,
+                          log_path: Path, timeout_s: float = 300.0,
+                          on_event: Callable[[str], None] | None = None) -> KillReport:
+    """Run the job ``cmd``; ``kills`` times, SIGKILL its whole process group (Python driver, the JVM,
+    the Python workers) shortly after new records appear in ``watch_topic`` (read_uncommitted, so
+    the kill lands while a batch is being written), then start it again. Finally let it finish.
+    """
+    from confluent_kafka import Consumer
+
+    rng = random.Random(seed)
+    report = KillReport()
+    watcher = Consumer({"bootstrap.servers": bootstrap, "group.id": f"oncelog-watch-{uuid.uuid4()}",
+                        "isolation.level": "read_uncommitted"})
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    start = time.monotonic()
+
+    def note(msg: str) -> None:
+        report.log.append(msg)
+        if on_event is not None:
+            on_event(msg)
+
+    try:
+        with open(log_path, "ab") as log:
+            while True:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                try:
+                    if report.kills < kills:
+                        seen = high_watermark_sum(watcher, watch_topic)
+                        while proc.poll() is None and time.monotonic() - start < timeout_s:
+                            now = high_watermark_sum(watcher, watch_topic)
+                            if now > seen:
+                                time.sleep(rng.uniform(0.0, 0.3))
+                                os.killpg(proc.pid, signal.SIGKILL)
+                                proc.wait(timeout=30)
+                                report.kills += 1
+                                note(f"driver killed (SIGKILL) mid-batch, kill {report.kills}/{kills}")
+                                break
+                            time.sleep(0.05)
+                        if proc.poll() is not None and proc.returncode != -signal.SIGKILL:
+                            report.exit_code = proc.returncode
+                            break
+                        report.restarts += 1
+                        note("driver restarting from its checkpoint")
+                        continue
+                    remaining = max(1.0, timeout_s - (time.monotonic() - start))
+                    report.exit_code = proc.wait(timeout=remaining)
+                    break
+                finally:
+                    if proc.poll() is None:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait(timeout=30)
+    finally:
+        watcher.close()
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def duplicates_and_losses(expected: Sequence[bytes], got: Sequence[bytes]) -> tuple[int, int, int]:
+    """(lost, duplicated, unexpected): expected values never seen, extra copies, values not expected."""
+    want = Counter(expected)
+    have = Counter(got)
+    lost = sum(1 for v in want if have[v] == 0)
+    dup = sum(have[v] - want[v] for v in have if v in want and have[v] > want[v])
+    unexpected = sum(c for v, c in have.items() if v not in want)
+    return lost, dup, unexpected
+
+
+def zombie_attempt(bootstrap: str, guarantee: str, topic: str, progress_topic: str, rows: int = 50,
+                   delay_ms: int = 2000) -> tuple[int, int]:
+    """Two attempts of one (batch, partition): the first stalls before committing (a zombie) while a
+    second attempt of the same task runs to completion. Returns (lost, duplicated) in ``topic``."""
+    import threading
+
+    from oncelog.spark.guarantees import Guarantee
+    from oncelog.spark.sink import SinkSettings, TaskIdentity, write_partition
+
+    g = Guarantee.parse(guarantee)
+    base = SinkSettings(client={"bootstrap.servers": bootstrap}, guarantee=g, topic=topic,
+                        progress_topic=progress_topic, progress_partitions=2, timeout_s=30)
+    base.progress().ensure_topic()
+    from dataclasses import replace
+
+    slow = replace(base, delay_before_commit_ms=delay_ms)
+    ident = TaskIdentity(f"zombie-{uuid.uuid4()}", 0, 0)
+    values = [f"{ident.query_id}-{i}".encode() for i in range(rows)]
+    records = [(None, v, None, None, None) for v in values]
+    watch = progress_topic if g is Guarantee.at_most_once else topic
+    from confluent_kafka import Consumer
+
+    watcher = Consumer({"bootstrap.servers": bootstrap, "group.id": f"oncelog-watch-{uuid.uuid4()}",
+                        "isolation.level": "read_uncommitted"})
+    try:
+        before = high_watermark_sum(watcher, watch)
+
+        def zombie() -> None:
+            try:
+                write_partition(records, ident, slow)
+            except Exception:
+                pass  # fenced: expected for exactly_once
+
+        t = threading.Thread(target=zombie, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 20
+        while high_watermark_sum(watcher, watch) <= before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        write_partition(records, ident, base)
+        t.join(60)
+    finally:
+        watcher.close()
+    got = [v for _k, v in read_topic(bootstrap, topic) if v and v.startswith(ident.query_id.encode())]
+    lost, dup, _unexpected = duplicates_and_losses(values, got)
+    return lost, dup

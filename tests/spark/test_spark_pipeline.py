@@ -1,0 +1,168 @@
+"""Real Spark (local[2]) against our broker: batch reads of committed ranges, a stateful streaming
+aggregation written exactly once. One SparkSession and one broker for the module (Spark starts slowly)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oncelog.demo.faults import produce_transactions, read_topic
+from oncelog.testing.broker_process import BrokerProcess, create_topic, oncelog_broker
+
+pytest.importorskip("pyspark")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def mod_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    d = tmp_path_factory.mktemp("spark-broker")
+    b = oncelog_broker(d / "data", "--auto-create-topics", log_path=d / "broker.log")
+    b.start()
+    try:
+        yield b
+    finally:
+        b.kill()
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from oncelog.spark import local_session
+
+    s = local_session("oncelog-tests")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def committed_with_offsets(bootstrap: str, topic: str) -> list[tuple[int, int, bytes]]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}", "enable.auto.commit": False,
+                  "isolation.level": "read_committed"})
+    try:
+        out = []
+        for p in sorted(c.list_topics(topic, timeout=10).topics[topic].partitions):
+            end = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+            c.assign([TopicPartition(topic, p, 0)])
+            while c.position([TopicPartition(topic, p)])[0].offset < end:
+                for m in c.consume(50, timeout=0.2):
+                    if m.error() is None:
+                        out.append((p, m.offset(), m.value()))
+        return out
+    finally:
+        c.close()
+
+
+def test_batch_read_returns_exactly_the_committed_records_in_a_range(mod_broker: BrokerProcess, spark: Any) -> None:
+    bs = mod_broker.bootstrap
+    create_topic(bs, "ranged", 2)
+    recs = [(b"k%d" % (i % 3), b"v%d" % i) for i in range(90)]
+    produce_transactions(bs, "ranged", recs, per_txn=10, abort_every=2, partitions=2)
+    truth = committed_with_offsets(bs, "ranged")
+    assert sorted(v for _p, _o, v in truth) == sorted(v for _k, v in recs)
+
+    df = spark.read.format("oncelog").option("kafka.bootstrap.servers", bs).option("subscribe", "ranged").load()
+    rows = df.collect()
+    assert sorted(r.value for r in rows) == sorted(v for _k, v in recs)
+    assert {(r.partition, r.offset, r.value) for r in rows} == set(truth)
+    assert {r.key for r in rows} == {b"k0", b"k1", b"k2"} and all(r.topic == "ranged" for r in rows)
+
+    # A range whose bounds fall on arbitrary offsets (some on markers or aborted records).
+    lo = {0: 7, 1: 13}
+    hi = {0: 41, 1: 40}
+    ranged = (spark.read.format("oncelog").option("kafka.bootstrap.servers", bs).option("subscribe", "ranged")
+              .option("startingOffsets", json.dumps({"ranged": {str(p): o for p, o in lo.items()}}))
+              .option("endingOffsets", json.dumps({"ranged": {str(p): o for p, o in hi.items()}})).load())
+    got = sorted((r.partition, r.offset, r.value) for r in ranged.collect())
+    want = sorted(t for t in truth if lo[t[0]] <= t[1] < hi[t[0]])
+    assert got == want and want
+
+
+def test_stateful_counts_per_key_are_exact_with_exactly_once(mod_broker: BrokerProcess, spark: Any,
+                                                              tmp_path: Path) -> None:
+    from oncelog.demo.job import build_query
+
+    bs = mod_broker.bootstrap
+    create_topic(bs, "payments", 2)
+    create_topic(bs, "totals", 1)
+    events = [(f"acct{i % 5}".encode(), json.dumps({"account": f"acct{i % 5}", "amount": i}).encode())
+              for i in range(120)]
+    produce_transactions(bs, "payments", events, per_txn=15, abort_every=3, partitions=2)
+    args = argparse.Namespace(bootstrap=bs, input="payments", output="totals", checkpoint=str(tmp_path / "ck"),
+                              guarantee="exactly_once", mode="totals", max_offsets=60, delay_ms=0,
+                              progress_topic="progress-pipeline")
+    query = build_query(spark, args)
+    query.awaitTermination(120)
+    assert query.exception() is None
+    batches = len(query.recentProgress)
+    assert batches >= 2
+    last: dict[str, dict[str, int]] = {}
+    outputs = read_topic(bs, "totals")
+    for _k, v in outputs:
+        d = json.loads(v or b"{}")
+        last[d["account"]] = d
+    want_total: Counter[str] = Counter()
+    want_count: Counter[str] = Counter()
+    for i in range(120):
+        want_total[f"acct{i % 5}"] += i
+        want_count[f"acct{i % 5}"] += 1
+    assert {a: d["total"] for a, d in last.items()} == dict(want_total)
+    assert {a: d["count"] for a, d in last.items()} == dict(want_count)
+    # complete mode: every non-empty batch emits each account seen so far exactly once.
+    assert len(outputs) <= 5 * batches
+
+
+def test_headers_are_read_when_asked(mod_broker: BrokerProcess, spark: Any) -> None:
+    from confluent_kafka import Producer
+
+    bs = mod_broker.bootstrap
+    create_topic(bs, "with-headers", 1)
+    p = Producer({"bootstrap.servers": bs})
+    p.produce("with-headers", value=b"v", headers=[("trace", b"abc"), ("n", b"1")])
+    p.flush(10)
+    df = (spark.read.format("oncelog").option("kafka.bootstrap.servers", bs).option("subscribe", "with-headers")
+          .option("includeHeaders", "true").load())
+    (row,) = df.collect()
+    assert [(h.key, h.value) for h in row.headers] == [("trace", b"abc"), ("n", b"1")]
+
+
+def test_foreach_batch_update_mode_counts_once_per_batch(mod_broker: BrokerProcess, spark: Any,
+                                                         tmp_path: Path) -> None:
+    from oncelog.spark.foreach_batch import SqliteUpsertSink, kafka_foreach_batch
+
+    bs = mod_broker.bootstrap
+    create_topic(bs, "clicks", 2)
+    create_topic(bs, "click-counts", 1)
+    produce_transactions(bs, "clicks", [(b"u%d" % (i % 4), b"c%d" % i) for i in range(80)], per_txn=10,
+                         abort_every=4, partitions=2)
+    to_kafka = kafka_foreach_batch(bs, "click-counts", "clicks-q", options={"progress.topic": "progress-fb"})
+    to_db = SqliteUpsertSink(tmp_path / "counts.sqlite", "counts", "clicks-q", key_columns=["user"])
+
+    def both(df: Any, batch_id: int) -> None:
+        df = df.selectExpr("CAST(key AS STRING) AS user", "cnt").cache()
+        to_kafka(df.selectExpr("CAST(user AS BINARY) AS key", "CAST(CAST(cnt AS STRING) AS BINARY) AS value"),
+                 batch_id)
+        to_db(df, batch_id)
+        df.unpersist()
+
+    counts = (spark.readStream.format("oncelog").option("kafka.bootstrap.servers", bs).option("subscribe", "clicks")
+              .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "30").load()
+              .groupBy("key").count().withColumnRenamed("count", "cnt"))
+    q = (counts.writeStream.outputMode("update").foreachBatch(both)
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    q.awaitTermination(120)
+    assert q.exception() is None
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "counts.sqlite") as conn:
+        assert dict(conn.execute("SELECT user, cnt FROM counts").fetchall()) == {f"u{i}": 20 for i in range(4)}
+    last = {k: int(v or b"0") for k, v in read_topic(bs, "click-counts")}
+    assert last == {b"u%d" % i: 20 for i in range(4)}
