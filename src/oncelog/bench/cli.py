@@ -25,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-tansu", action="store_true", help="measure only our broker")
     p.add_argument("--rows", default="produce,consume,produce_idempotent,produce_transactional",
                    help="comma-separated workloads to run")
+    p.add_argument("--pipeline-records", type=int, default=200_000,
+                   help="records for the Spark pipeline rows (0 skips them; default 200000)")
 
 
 def run_workload(name: str, bootstrap: str, topic: str, records: int, size: int) -> dict[str, float]:
@@ -108,4 +110,35 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(json.dumps({"records": args.records, "size": args.size, "results": brokers}, indent=2))
     failed = any("error" in r for r in ours_rows.values())
+    if args.pipeline_records > 0:
+        failed |= _pipeline(console, args.pipeline_records, args.json)
     return 1 if failed else 0
+
+
+def _pipeline(console: Any, records: int, json_path: Path | None) -> bool:
+    """End-to-end Spark pipeline throughput per guarantee, in one Spark session (our broker)."""
+    from rich.table import Table
+
+    with console.status(f"Spark pipeline, {records} records per guarantee (takes a minute or two)"):
+        out = subprocess.run([sys.executable, "-m", "oncelog.demo.pipeline_bench", "--records", str(records)],
+                             capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        console.print(f"[red]pipeline bench failed[/red]: {out.stderr.strip().splitlines()[-1:]}")
+        return True
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    table = Table(title=f"Spark pipeline (oncelog source -> oncelog sink), {records} records, local[2]")
+    table.add_column("guarantee")
+    table.add_column("records/s", justify="right")
+    table.add_column("vs at_least_once", justify="right")
+    base = result.get("at_least_once", {}).get("records_per_s")
+    for g in ("at_most_once", "at_least_once", "exactly_once"):
+        r = result.get(g)
+        if r:
+            ratio = f"{r['records_per_s'] / base:.3f}" if base else "-"
+            table.add_row(g, f"{r['records_per_s']:,.0f}", ratio)
+    console.print(table)
+    if json_path:
+        doc = json.loads(json_path.read_text()) if json_path.exists() else {}
+        doc["pipeline"] = result
+        json_path.write_text(json.dumps(doc, indent=2))
+    return False
