@@ -157,17 +157,32 @@ def test_kafka_python_and_aiokafka_groups(broker: BrokerProcess) -> None:
     assert asyncio.run(aio()) == 20
 
 
+def _output_size(bootstrap: str, topic: str) -> int:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "size", "log_level": 3})
+    try:
+        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in (0, 1))
+    finally:
+        c.close()
+
+
 def _run_copier(mode: str, b: BrokerProcess, group: str, kills: int, seed: int) -> None:
+    """Run the copier, SIGKILLing it ``kills`` times, each time only after it made progress in this life
+    (a kill while the group still waits for the previous, dead member would test nothing)."""
     rng = random.Random(seed)
+    out = f"cout-{mode}"
     for i in range(kills + 1):
-        proc = subprocess.Popen([sys.executable, "-m", "tests.groups.copier", mode, b.bootstrap, "cin", f"cout-{mode}",
+        before = _output_size(b.bootstrap, out)
+        proc = subprocess.Popen([sys.executable, "-m", "tests.groups.copier", mode, b.bootstrap, "cin", out,
                                  group, str(seed + i)], stderr=subprocess.DEVNULL)
         if i < kills:
-            time.sleep(rng.uniform(1.5, 3.0))
+            deadline = time.monotonic() + 60
+            while _output_size(b.bootstrap, out) < before + 100 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(rng.uniform(0.05, 0.6))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         else:
-            proc.wait(90)
+            proc.wait(120)
 
 
 def test_transactional_copier_is_exactly_once_and_autocommit_is_not(tmp_path: Path) -> None:

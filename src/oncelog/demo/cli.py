@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sqlite", type=Path, default=Path("oncelog-demo-totals.sqlite"),
                    help="SQLite file for the totals per guarantee and account")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (broker data, logs)")
+    p.add_argument("--drop-acks", type=float, default=0.03,
+                   help="probability that the proxy between the job and the broker drops a Produce or EndTxn "
+                        "response after the broker processed it (a lost acknowledgement; default 0.03, 0 = off)")
 
 
 @dataclass
@@ -65,6 +68,7 @@ class Outcome:
     seconds: float
     zombie_lost: int = 0
     zombie_duplicated: int = 0
+    dropped_acks: int = 0
 
     @property
     def ok(self) -> bool:
@@ -101,12 +105,12 @@ def store_totals(db: Path, guarantee: str, totals: dict[str, int]) -> None:
 
 
 def write_html(path: Path, outcomes: list[Outcome], args: argparse.Namespace) -> None:
-    head = ("guarantee", "driver kills", "records out", "lost", "duplicated", "wrong totals", "zombie lost/dup",
-            "seconds", "verdict")
+    head = ("guarantee", "driver kills", "dropped acks", "records out", "lost", "duplicated", "wrong totals",
+            "zombie lost/dup", "seconds", "verdict")
     rows = []
     for o in outcomes:
         verdict = "exact" if o.ok else ("FAILED RUN" if o.exit_code != 0 else "inexact")
-        cells = (o.guarantee, o.kills, o.records_out, o.lost, o.duplicated, o.wrong_accounts,
+        cells = (o.guarantee, o.kills, o.dropped_acks, o.records_out, o.lost, o.duplicated, o.wrong_accounts,
                  f"{o.zombie_lost}/{o.zombie_duplicated}", f"{o.seconds:.0f}", verdict)
         color = "#d4f7d4" if o.ok else "#f7d4d4"
         rows.append(f"<tr style='background:{color}'>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
@@ -118,7 +122,8 @@ def write_html(path: Path, outcomes: list[Outcome], args: argparse.Namespace) ->
         f"<h1>oncelog demo: payments pipeline on PySpark</h1><p>{args.records} committed payments over "
         f"{args.accounts} accounts (plus aborted transactions that must not count); the Spark driver was "
         f"killed with SIGKILL mid-batch {args.kills} time(s) per guarantee and restarted from its checkpoint; "
-        "then one task attempt was left stalled before its commit (a zombie) while a retry of the same task ran.</p>"
+        "then one task attempt was left stalled before its commit (a zombie) while a retry of the same task ran; "
+        f"a proxy dropped {args.drop_acks:.0%} of Produce/EndTxn responses after the broker processed them.</p>"
         "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>")
 
 
@@ -134,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     db = args.sqlite
     broker = oncelog_broker(work / "broker", "--auto-create-topics", log_path=work / "broker.log")
     outcomes: list[Outcome] = []
+    proxy = None
     try:
         with console.status("starting the broker") as status:
             broker.start()
@@ -146,13 +152,26 @@ def run(args: argparse.Namespace) -> int:
             expected_values = [v for _k, v in events]
             expected_totals = totals_of(expected_values)
             console.log(f"{len(events)} committed payments, {args.accounts} accounts")
+            job_bs = bs
+            dropped_before = 0
+            if args.drop_acks > 0:
+                from oncelog.verify.proxy import API_END_TXN, API_PRODUCE, FaultProxy
+
+                proxy = FaultProxy(broker.host, broker.port, seed=args.seed).start()
+                job_bs = proxy.address
+                console.log(f"the Spark jobs talk to the broker through a proxy on {job_bs} that drops "
+                            f"{args.drop_acks:.0%} of Produce/EndTxn responses after the broker processed them")
             for g in guarantees:
+                if proxy is not None:
+                    proxy.clear()
+                    proxy.drop_responses(API_PRODUCE, 10**6, probability=args.drop_acks)
+                    proxy.drop_responses(API_END_TXN, 10**6, probability=args.drop_acks)
                 out_topic = f"ledger-{g}"
                 progress_topic = f"progress-{g}"
                 create_topic(bs, out_topic, 2)
                 create_topic(bs, progress_topic, 2)
                 status.update(f"{g}: running the Spark job, killing its driver {args.kills} time(s)")
-                cmd = [sys.executable, "-m", "oncelog.demo.job", "--bootstrap", bs, "--input", "payments",
+                cmd = [sys.executable, "-m", "oncelog.demo.job", "--bootstrap", job_bs, "--input", "payments",
                        "--output", out_topic, "--checkpoint", str(work / f"ckpt-{g}"), "--guarantee", g,
                        "--max-offsets", str(args.max_offsets), "--delay-ms", "1000",
                        "--progress-topic", progress_topic]
@@ -170,6 +189,10 @@ def run(args: argparse.Namespace) -> int:
                 wrong = sum(1 for a in set(expected_totals) | set(totals)
                             if totals.get(a) != expected_totals.get(a))
                 o = Outcome(g, report.kills, report.exit_code, len(got), lost, dup, unexpected, wrong, report.seconds)
+                if proxy is not None:
+                    o.dropped_acks = proxy.stats.dropped_responses - dropped_before
+                    dropped_before = proxy.stats.dropped_responses
+                    proxy.clear()
                 status.update(f"{g}: a zombie task attempt racing its retry")
                 o.zombie_lost, o.zombie_duplicated = zombie_attempt(bs, g, f"zombie-{g}", progress_topic)
                 outcomes.append(o)
@@ -177,16 +200,19 @@ def run(args: argparse.Namespace) -> int:
                             f"{wrong} wrong account totals; zombie attempt: {o.zombie_lost} lost, "
                             f"{o.zombie_duplicated} duplicated")
     finally:
+        if proxy is not None:
+            proxy.stop()
         broker.kill()
 
-    table = Table(title="records lost and duplicated per guarantee (driver SIGKILL mid-batch + restart)")
-    for col in ("guarantee", "kills", "records out", "lost", "duplicated", "wrong totals", "zombie lost/dup",
-                "verdict"):
+    table = Table(title="records lost and duplicated per guarantee (driver SIGKILL mid-batch + restart, "
+                        "dropped acknowledgements, a zombie attempt)")
+    for col in ("guarantee", "kills", "dropped acks", "records out", "lost", "duplicated", "wrong totals",
+                "zombie lost/dup", "verdict"):
         table.add_column(col, no_wrap=True)
     for o in outcomes:
         verdict = "[green]exact[/green]" if o.ok else "[red]inexact[/red]"
-        table.add_row(o.guarantee, str(o.kills), str(o.records_out), str(o.lost), str(o.duplicated),
-                      str(o.wrong_accounts), f"{o.zombie_lost}/{o.zombie_duplicated}", verdict)
+        table.add_row(o.guarantee, str(o.kills), str(o.dropped_acks), str(o.records_out), str(o.lost),
+                      str(o.duplicated), str(o.wrong_accounts), f"{o.zombie_lost}/{o.zombie_duplicated}", verdict)
     console.print(table)
     write_html(args.report, outcomes, args)
     console.print(f"report: {args.report.resolve()}   totals in SQLite: {db.resolve()} (table totals)")
