@@ -83,3 +83,26 @@ def test_group_generation_survives_restart(tmp_path: Path) -> None:
         c.close()
     finally:
         b.kill()
+
+
+def test_deleted_group_stays_deleted_after_restart(tmp_path: Path) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    b = oncelog_broker(tmp_path / "d", log_path=tmp_path / "broker.log").start()
+    try:
+        create_topic(b.bootstrap, "rt")
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "gone", "enable.auto.commit": False,
+                      "log_level": 3})
+        c.commit(offsets=[TopicPartition("rt", 0, 9)], asynchronous=False)
+        c.close()
+        assert _fetch(b.bootstrap, "gone", False) == (9, 0)
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.delete_consumer_groups(["gone"], request_timeout=10)["gone"].result()
+        assert _fetch(b.bootstrap, "gone", False) == (-1, 0)
+        b.restart()
+        assert _fetch(b.bootstrap, "gone", False) == (-1, 0)
+        with RawClient(b.bootstrap) as client:
+            listed = client.request(16, (0, 4), {"states_filter": []})
+        assert "gone" not in [g.group_id for g in listed.groups]
+    finally:
+        b.kill()

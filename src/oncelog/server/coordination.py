@@ -175,21 +175,24 @@ class Coordination:
             self.groups.replay(key, value, producer_id, transactional=True)
         return ErrorCode.none
 
+    def apply_records_by_group(self, records: list[tuple[bytes, bytes | None]]) -> None:
+        """Append records of possibly several groups, each to its group's offsets partition."""
+        by_group: dict[str, list[tuple[bytes, bytes | None]]] = {}
+        for key, value in records:
+            kind, ident, _ = decode_offset_record(key, value)
+            by_group.setdefault(ident[0] if kind == "offset" else ident, []).append((key, value))
+        for group_id, recs in by_group.items():
+            self.apply_group_records(group_id, recs)
+
     def flush_group_records(self) -> None:
         """Persist membership changes (completed rebalances, groups becoming empty)."""
-        for key, value in self.groups.take_records():
-            kind, ident, _ = decode_offset_record(key, value)
-            self.apply_group_records(ident[0] if kind == "offset" else ident, [(key, value)])
+        self.apply_records_by_group(self.groups.take_records())
 
     def tick_groups(self) -> None:
-        for key, value in self.groups.tick():
-            kind, ident, _ = decode_offset_record(key, value)
-            self.apply_group_records(ident[0] if kind == "offset" else ident, [(key, value)])
+        self.apply_records_by_group(self.groups.tick())
 
     def expire_offsets(self) -> None:
-        for key, value in self.groups.expire_offsets():
-            kind, ident, _ = decode_offset_record(key, value)
-            self.apply_group_records(ident[0] if kind == "offset" else ident, [(key, value)])
+        self.apply_records_by_group(self.groups.expire_offsets())
 
     def expire_transactions(self) -> None:
         for result in self.txn.expire(self.broker.clock.now_ms()):

@@ -163,15 +163,7 @@ def handle_describe_groups(broker: Broker, req: Request) -> dict[str, Any]:
 def handle_delete_groups(broker: Broker, req: Request) -> dict[str, Any]:
     c = broker.coordination
     errors, records = c.groups.delete_groups(req.body.groups_names)
-    by_group: dict[str, list[tuple[bytes, bytes | None]]] = {}
-    from oncelog.coordinator.group import offset_records as rec
-
-    for key, value in records:
-        kind, ident, _ = rec.decode(key, value)
-        gid = ident[0] if kind == "offset" else ident
-        by_group.setdefault(gid, []).append((key, value))
-    for gid, recs in by_group.items():
-        c.apply_group_records(gid, recs)
+    c.apply_records_by_group(records)
     return {"throttle_time": 0, "results": [{"group_id": g, "error_code": e} for g, e in errors.items()]}
 
 
