@@ -76,4 +76,13 @@ def test_unacknowledged_non_transactional_sends_are_not_required() -> None:
     h.polls = [Poll("final", 5, [(0, 0, "x")], final=True)]
     assert check(h).ok
     h.polls = [Poll("final", 5, [], final=True)]
-    assert kinds(h) == {"lost-write": 1}
+    assert kinds(h) == {"unseen": 1}  # acknowledged at offset 0, but the final read returned nothing
+
+
+def test_unseen_acknowledged_write() -> None:
+    h = base()
+    # the final read stopped at offset 1, short of the committed "d" acknowledged at offset 5
+    h.polls = [Poll("c1", 20, [(0, 0, "a"), (0, 1, "b")]),
+               Poll("final", 30, [(0, 0, "a"), (0, 1, "b")], final=True)]
+    assert kinds(h) == {"unseen": 1}
+    assert "d (process p1, txn 2)" in check(h).anomalies[0].detail and "0/5" in check(h).anomalies[0].detail

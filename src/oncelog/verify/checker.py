@@ -2,7 +2,10 @@
 
 Definitions (after Jepsen's Kafka workload and Kafka's transactions system test):
 - lost write: a value of a committed transaction (or an acknowledged non-transactional send) that
-  the final read of every partition did not return;
+  the final read of every partition did not return although it read past the value's acknowledged
+  offset (or the offset is unknown);
+- unseen: such a value whose acknowledged offset lies beyond everything the final read returned in
+  its partition (the final read stopped short of an acknowledged write);
 - duplicate: one value read at two different offsets;
 - inconsistent offsets: one (partition, offset) read with two different values;
 - aborted read (G1a): a read_committed consumer returned a value of an aborted transaction;
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 
 from oncelog.verify.history import History
 
-KINDS = ("lost-write", "duplicate", "inconsistent-offset", "aborted-read", "read-above-lso",
+KINDS = ("lost-write", "unseen", "duplicate", "inconsistent-offset", "aborted-read", "read-above-lso",
          "non-monotonic-poll", "poll-skip")
 
 
@@ -54,9 +57,12 @@ def check(h: History) -> Report:
         outcome[(t.process, t.txn)] = t.outcome
         commit_started[(t.process, t.txn)] = t.commit_started_ms
     must_exist: set[str] = set()
+    acked_at: dict[str, tuple[int, int]] = {}
     aborted: set[str] = set()
     for s in h.sends:
         txn_of[s.value] = (s.process, s.txn)
+        if s.acked and s.offset >= 0:
+            acked_at[s.value] = (s.partition, s.offset)
         state = outcome.get((s.process, s.txn)) if s.txn >= 0 else ("committed" if s.acked else "unknown")
         if state == "committed":
             must_exist.add(s.value)
@@ -66,15 +72,23 @@ def check(h: History) -> Report:
     at_offset: dict[tuple[int, int], set[str]] = defaultdict(set)
     offsets_of: dict[str, set[tuple[int, int]]] = defaultdict(set)
     final_values: set[str] = set()
+    final_max: dict[int, int] = {}
     for p in h.polls:
         for partition, offset, value in p.records:
             at_offset[(partition, offset)].add(value)
             offsets_of[value].add((partition, offset))
             if p.final:
                 final_values.add(value)
+                final_max[partition] = max(final_max.get(partition, -1), offset)
 
     for value in sorted(must_exist - final_values):
         proc, txn = txn_of[value]
+        acked = acked_at.get(value)
+        if acked is not None and final_max.get(acked[0], -1) < acked[1]:
+            report.anomalies.append(Anomaly("unseen", f"{value} (process {proc}, txn {txn}) was acknowledged at "
+                                                      f"{acked[0]}/{acked[1]} but the final read stopped at "
+                                                      f"{acked[0]}/{final_max.get(acked[0], -1)}"))
+            continue
         report.anomalies.append(Anomaly("lost-write", f"{value} (process {proc}, txn {txn}) was committed "
                                                       "but the final read did not return it"))
     for value, where in sorted(offsets_of.items()):

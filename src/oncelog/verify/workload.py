@@ -81,6 +81,12 @@ class Workload:
     def _create_topic(self) -> None:
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
         try:
+            # Fail fast (exit 2) on an unreachable broker instead of waiting out the create timeout;
+            # a broker started by --broker-cmd is already listening when we get here.
+            admin.list_topics(timeout=8)
+        except Exception as exc:
+            raise WorkloadError(f"cannot reach the broker at {self.bootstrap}: {exc}") from exc
+        try:
             admin.create_topics([NewTopic(self.topic, PARTITIONS, 1)])[self.topic].result(timeout=30)
         except KafkaException as exc:
             raise WorkloadError(f"cannot create topic {self.topic}: {exc.args[0].str()}") from exc
