@@ -19,9 +19,15 @@ class ProducerIdManager:
         self.block_size = block_size
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._block_end = int(path.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            self._block_end = 0
+            text = path.read_text().strip()
+        except FileNotFoundError:
+            text = "0"
+        try:
+            self._block_end = int(text)
+        except ValueError:
+            # Starting from 0 would hand out ids again; refuse to start rather than break fencing.
+            raise ValueError(f"producer id block file {path} is corrupt ({text[:40]!r}); "
+                             "restore it or set it above every producer id ever issued") from None
         self._next = self._block_end
 
     def next_producer_id(self) -> int:

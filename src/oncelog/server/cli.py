@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             uvloop.run(serve(cfg))
         else:
             asyncio.run(serve(cfg))
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         print(f"oncelog broker: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0
