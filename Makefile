@@ -17,6 +17,11 @@ $(STAMP): pyproject.toml scripts/check_java.sh
 		echo "installing kcat (Debian package) for the compatibility tests"; \
 		(apt-get install -y -q kcat >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q kcat >/dev/null 2>&1)) || echo "kcat could not be installed; its tests will be skipped with a reason"; \
 	fi
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1 \
+		&& [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing PostgreSQL (Debian package) for the database sink tests"; \
+		(apt-get install -y -q postgresql >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q postgresql >/dev/null 2>&1)) || echo "PostgreSQL could not be installed; its tests will be skipped with a reason"; \
+	fi
 	@test -x $(BIN)/oncelog
 	@touch $(STAMP)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from oncelog.testing.broker_process import BrokerProcess, oncelog_broker, tansu_binary, tansu_broker
+from oncelog.testing.postgres import PostgresServer, find_postgres
 
 
 @pytest.fixture
@@ -31,3 +32,30 @@ def tansu(tmp_path: Path) -> Iterator[BrokerProcess]:
         yield b
     finally:
         b.kill()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A real PostgreSQL (Debian's server binaries) in a temporary directory, for the whole session;
+    skipped with the reason when the binaries or an unprivileged account to run them are missing."""
+    install, why = find_postgres()
+    if install is None:
+        pytest.skip(why)
+    server = PostgresServer(install).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """A fresh, empty database on the session's PostgreSQL server for one test."""
+    import uuid
+
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield postgres_server.url.rsplit("/", 1)[0] + "/" + name

@@ -1,36 +1,103 @@
-"""The idempotent SQLite sink: upsert by key, replayed batches skipped (no Spark needed)."""
+"""The idempotent database sinks, SQLite and a real PostgreSQL: upsert by key, replayed batches
+skipped, racing attempts applied once, a failed batch rolled back (no Spark needed)."""
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from oncelog.spark.foreach_batch import SqliteUpsertSink, database_sink
+from oncelog.spark.foreach_batch import PostgresUpsertSink, SqliteUpsertSink, UpsertSink, database_sink
 
 
-def test_upsert_by_user_key_and_skip_replayed_batch(tmp_path: Path) -> None:
-    sink = database_sink(f"sqlite:///{tmp_path / 'db.sqlite'}", "totals", "q", key_columns=["account"])
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'db.sqlite'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+def query(url: str, sql: str) -> list[tuple[Any, ...]]:
+    if url.startswith("sqlite:///"):
+        with sqlite3.connect(url[len("sqlite:///"):]) as conn:
+            return conn.execute(sql).fetchall()
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_url_picks_the_backend(tmp_path: Path) -> None:
+    assert isinstance(database_sink(f"sqlite:///{tmp_path}/a.db", "t", "q"), SqliteUpsertSink)
+    assert isinstance(database_sink(str(tmp_path / "a.db"), "t", "q"), SqliteUpsertSink)
+    assert isinstance(database_sink("postgresql://u@127.0.0.1:1/db", "t", "q"), PostgresUpsertSink)
+    assert isinstance(database_sink("postgres://u@127.0.0.1:1/db", "t", "q"), PostgresUpsertSink)
+    with pytest.raises(ValueError, match="unsupported database URL"):
+        database_sink("mysql://localhost/db", "t", "q")
+    with pytest.raises(ValueError, match="identifiers"):
+        database_sink(str(tmp_path / "a.db"), "t; DROP TABLE x", "q")
+
+
+def test_upsert_by_user_key_and_skip_replayed_batch(db_url: str) -> None:
+    sink = database_sink(db_url, "totals", "q", key_columns=["account"])
     assert sink.apply([{"account": "a", "total": 5}, {"account": "b", "total": 1}], 0)
     assert not sink.apply([{"account": "a", "total": 999}], 0), "a replayed batch must be skipped"
     assert sink.apply([{"account": "a", "total": 7}], 1)
-    with sqlite3.connect(tmp_path / "db.sqlite") as conn:
-        assert dict(conn.execute("SELECT account, total FROM totals").fetchall()) == {"a": 7, "b": 1}
-        assert conn.execute("SELECT COUNT(*) FROM oncelog_batches").fetchone() == (2,)
+    assert dict(query(db_url, "SELECT account, total FROM totals")) == {"a": 7, "b": 1}  # type: ignore[arg-type]
+    assert query(db_url, "SELECT COUNT(*) FROM oncelog_batches") == [(2,)]
+    other = database_sink(db_url, "totals", "another-query", key_columns=["account"])
+    assert other.apply([{"account": "c", "total": 3}], 0), "batch ids are per query"
 
 
-def test_kafka_coordinates_are_the_default_key(tmp_path: Path) -> None:
-    sink = SqliteUpsertSink(tmp_path / "db.sqlite", "events", "q")
-    row = {"topic": "t", "partition": 0, "offset": 3, "value": b"x"}
-    sink.apply([row], 0)
-    sink.apply([row, {**row, "offset": 4}], 1)
-    with sqlite3.connect(tmp_path / "db.sqlite") as conn:
-        assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (2,)
-    with pytest.raises(ValueError):
-        sink.apply([{"value": 1}], 2)
+def test_kafka_coordinates_are_the_default_key(db_url: str) -> None:
+    sink = database_sink(db_url, "events", "q")
+    row = {"topic": "t", "partition": 0, "offset": 3, "value": b"x", "ratio": 0.5, "ok": True}
+    assert sink.apply([row], 0)
+    assert sink.apply([row, {**row, "offset": 4, "value": bytearray(b"y")}], 1)
+    got = query(db_url, 'SELECT "topic", "partition", "offset", "value" FROM events ORDER BY "offset"')
+    assert [(t, p, o, bytes(v)) for t, p, o, v in got] == [("t", 0, 3, b"x"), ("t", 0, 4, b"y")]
 
 
-def test_postgres_url_is_refused_explicitly(tmp_path: Path) -> None:
-    with pytest.raises(NotImplementedError):
-        database_sink("postgresql://localhost/db", "t", "q")
+def test_a_failed_batch_is_rolled_back_whole(db_url: str) -> None:
+    sink = database_sink(db_url, "totals", "q", key_columns=["account"])
+    sink.apply([{"account": "a", "total": 1}], 0)
+    with pytest.raises(ValueError, match="key columns"):
+        sink.apply([{"total": 2}], 1)
+    with pytest.raises(ValueError, match="same columns"):
+        sink.apply([{"account": "a", "total": 2}, {"account": "b", "other": 1}], 1)
+    assert query(db_url, "SELECT COUNT(*) FROM oncelog_batches") == [(1,)], "no marker for a failed batch"
+    assert sink.apply([{"account": "a", "total": 2}], 1), "the retry of the failed batch is applied"
+    assert dict(query(db_url, "SELECT account, total FROM totals")) == {"a": 2}  # type: ignore[arg-type]
+
+
+def test_racing_attempts_of_one_batch_apply_it_once(db_url: str) -> None:
+    """A zombie attempt and its retry write the same batch at the same time: one wins, one skips."""
+    sinks = [database_sink(db_url, "totals", "q", key_columns=["account"]) for _ in range(4)]
+    sinks[0].apply([{"account": "warmup", "total": 0}], 0)  # tables exist before the race
+    results: list[bool] = []
+    barrier = threading.Barrier(len(sinks))
+
+    def attempt(s: UpsertSink, n: int) -> None:
+        barrier.wait()
+        results.append(s.apply([{"account": "a", "total": n}], 1))
+
+    threads = [threading.Thread(target=attempt, args=(s, n)) for n, s in enumerate(sinks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results) == [False, False, False, True]
+    assert query(db_url, "SELECT COUNT(*) FROM oncelog_batches WHERE batch_id = 1") == [(1,)]
+
+
+def test_postgres_sink_reports_an_unreachable_server() -> None:
+    import psycopg
+
+    from oncelog.testing.broker_process import free_port
+
+    sink = database_sink(f"postgresql://nobody@127.0.0.1:{free_port()}/db?connect_timeout=2", "t", "q")
+    with pytest.raises(psycopg.OperationalError):
+        sink.apply([{"topic": "t", "partition": 0, "offset": 0}], 0)

@@ -1,0 +1,187 @@
+"""Idempotent database sinks for ``foreachBatch``: the seed's "write to a system with unique keys".
+
+Invariants, for SQLite and PostgreSQL alike:
+
+- Rows are upserted by ``key_columns`` (default: Kafka's coordinates topic, partition, offset, so the
+  same input record written twice is one row; or a user key such as an account, so the latest
+  running total wins).
+- Table ``oncelog_batches(query_id, batch_id)`` records each applied micro-batch **in the same
+  database transaction** as its rows. A replayed batch (Spark re-running batch N after a driver
+  crash) finds its id and changes nothing, so even a non-idempotent write (an increment) is applied
+  once. Two attempts racing on one batch (a zombie and its retry) serialise on that primary key:
+  the loser sees the winner's row and skips.
+- A failure rolls the whole batch back: a batch is applied entirely or not at all.
+
+The sinks run on the driver: the batch is collected, which suits the small, aggregated outputs
+(update-mode state) they are meant for.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+KAFKA_COORDINATES = ("topic", "partition", "offset")
+
+
+class UpsertSink:
+    """Common part: checks names, turns a DataFrame into rows, calls :meth:`apply`."""
+
+    def __init__(self, table: str, query_id: str, key_columns: Sequence[str] = KAFKA_COORDINATES) -> None:
+        self.table = table
+        self.query_id = query_id
+        self.key_columns = list(key_columns)
+        if not self.key_columns:
+            raise ValueError("at least one key column is needed")
+        if not table.isidentifier() or not all(c.isidentifier() for c in self.key_columns):
+            raise ValueError("table and key column names must be plain identifiers")
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        rows = [r.asDict() if hasattr(r, "asDict") else dict(r) for r in df.collect()]
+        self.apply(rows, int(batch_id))
+
+    def apply(self, rows: list[dict[str, Any]], batch_id: int) -> bool:
+        """Upsert ``rows`` as batch ``batch_id``; False if that batch was applied before."""
+        raise NotImplementedError
+
+    def _columns(self, rows: list[dict[str, Any]]) -> list[str]:
+        cols = list(rows[0])
+        missing = [k for k in self.key_columns if k not in cols]
+        if missing:
+            raise ValueError(f"rows lack key columns {missing}")
+        if not all(c.isidentifier() for c in cols):
+            raise ValueError("column names must be plain identifiers")
+        if any(list(r) != cols for r in rows):
+            raise ValueError("all rows of a batch must have the same columns")
+        return cols
+
+
+class SqliteUpsertSink(UpsertSink):
+    """Upserts into the SQLite file ``path`` (table created on first use, columns loosely typed)."""
+
+    def __init__(self, path: str | Path, table: str, query_id: str,
+                 key_columns: Sequence[str] = KAFKA_COORDINATES) -> None:
+        super().__init__(table, query_id, key_columns)
+        self.path = str(path)
+
+    def apply(self, rows: list[dict[str, Any]], batch_id: int) -> bool:
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("CREATE TABLE IF NOT EXISTS oncelog_batches (query_id TEXT, batch_id INTEGER, "
+                         "PRIMARY KEY (query_id, batch_id))")
+            seen = conn.execute("SELECT 1 FROM oncelog_batches WHERE query_id = ? AND batch_id = ?",
+                                (self.query_id, batch_id)).fetchone()
+            if seen:
+                conn.execute("ROLLBACK")
+                return False
+            if rows:
+                cols = self._columns(rows)
+                q = [f'"{c}"' for c in cols]
+                keys = ", ".join(f'"{c}"' for c in self.key_columns)
+                conn.execute(f'CREATE TABLE IF NOT EXISTS "{self.table}" ({", ".join(q)}, PRIMARY KEY ({keys}))')
+                updates = ", ".join(f'"{c}" = excluded."{c}"' for c in cols if c not in self.key_columns)
+                conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+                conn.executemany(
+                    f'INSERT INTO "{self.table}" ({", ".join(q)}) VALUES ({", ".join("?" for _ in cols)}) '
+                    f"ON CONFLICT ({keys}) {conflict}",
+                    [tuple(_plain_value(r.get(c)) for c in cols) for r in rows])
+            conn.execute("INSERT INTO oncelog_batches VALUES (?, ?)", (self.query_id, batch_id))
+            conn.execute("COMMIT")
+            return True
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        finally:
+            conn.close()
+
+
+class PostgresUpsertSink(UpsertSink):
+    """Upserts into PostgreSQL at ``url`` (``postgresql://user:pass@host:port/db``) through psycopg 3.
+
+    The table is created on first use with column types taken from the first batch's Python values
+    (int → bigint, float → double precision, bool → boolean, bytes → bytea, anything else → text).
+    The batch marker is inserted first with ``ON CONFLICT DO NOTHING``: if it already exists the
+    transaction is rolled back untouched; if another session holds it uncommitted, PostgreSQL blocks
+    this one until that session ends, so concurrent attempts of one batch apply it once.
+    """
+
+    def __init__(self, url: str, table: str, query_id: str,
+                 key_columns: Sequence[str] = KAFKA_COORDINATES) -> None:
+        super().__init__(table, query_id, key_columns)
+        self.url = url
+
+    def apply(self, rows: list[dict[str, Any]], batch_id: int) -> bool:
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(self.url) as conn:  # one transaction; committed on success, rolled back on error
+            conn.execute("CREATE TABLE IF NOT EXISTS oncelog_batches (query_id text, batch_id bigint, "
+                         "PRIMARY KEY (query_id, batch_id))")
+            conn.commit()  # DDL outside the batch's transaction: a concurrent CREATE must not abort it
+            cur = conn.execute("INSERT INTO oncelog_batches VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                               (self.query_id, batch_id))
+            if cur.rowcount == 0:
+                conn.rollback()
+                return False
+            if rows:
+                cols = self._columns(rows)
+                ident = [sql.Identifier(c) for c in cols]
+                keys = sql.SQL(", ").join(sql.Identifier(c) for c in self.key_columns)
+                col_defs = sql.SQL(", ").join(
+                    sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(_pg_type(rows, c))) for c in cols)
+                conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(
+                    sql.Identifier(self.table), col_defs, keys))
+                non_keys = [c for c in cols if c not in self.key_columns]
+                conflict: sql.Composable
+                if non_keys:
+                    conflict = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
+                        sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in non_keys))
+                else:
+                    conflict = sql.SQL("DO NOTHING")
+                stmt = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) {}").format(
+                    sql.Identifier(self.table), sql.SQL(", ").join(ident),
+                    sql.SQL(", ").join(sql.Placeholder() for _ in cols), keys, conflict)
+                with conn.cursor() as c:
+                    c.executemany(stmt, [tuple(_plain_value(r.get(col)) for col in cols) for r in rows])
+            conn.commit()
+            return True
+
+
+def _plain_value(v: Any) -> Any:
+    if isinstance(v, (bytearray, memoryview)):
+        return bytes(v)
+    if v is None or isinstance(v, (int, float, str, bytes)):
+        return v
+    return str(v)
+
+
+def _pg_type(rows: list[dict[str, Any]], col: str) -> str:
+    sample = next((r[col] for r in rows if r.get(col) is not None), None)
+    if isinstance(sample, bool):
+        return "boolean"
+    if isinstance(sample, int):
+        return "bigint"
+    if isinstance(sample, float):
+        return "double precision"
+    if isinstance(sample, (bytes, bytearray, memoryview)):
+        return "bytea"
+    return "text"
+
+
+def database_sink(url: str, table: str, query_id: str,
+                  key_columns: Sequence[str] = KAFKA_COORDINATES) -> UpsertSink:
+    """A sink for ``url``: ``sqlite:///path`` (or a bare path) or ``postgresql://…`` / ``postgres://…``."""
+    scheme = urlsplit(url).scheme if "://" in url else ""
+    if scheme in ("postgresql", "postgres"):
+        return PostgresUpsertSink(url, table, query_id, key_columns)
+    if scheme == "sqlite":
+        return SqliteUpsertSink(url[len("sqlite:///"):] if url.startswith("sqlite:///") else url[len("sqlite://"):],
+                                table, query_id, key_columns)
+    if scheme:
+        raise ValueError(f"unsupported database URL scheme {scheme!r}: use sqlite:///path or postgresql://…")
+    return SqliteUpsertSink(url, table, query_id, key_columns)
