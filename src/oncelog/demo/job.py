@@ -9,6 +9,10 @@ Modes:
 - ``passthrough``: each input record's key and value, unchanged.
 - ``totals``: input values are JSON ``{"account": a, "amount": n, ...}``; a stateful aggregation
   keeps per account the running total and count, output in complete mode as JSON keyed by account.
+- ``counts``: the same aggregation in **update** mode through ``foreachBatch``: each micro-batch's
+  changed accounts go to ``OUT`` (JSON with the batch id, keyed by account) with
+  :func:`~oncelog.spark.foreach_batch.kafka_foreach_batch` under the guarantee, and are upserted
+  by account into every ``--database`` URL (table ``account_totals``, SQLite or PostgreSQL).
 """
 
 from __future__ import annotations
@@ -18,21 +22,62 @@ import sys
 from typing import Any
 
 
+def _per_account(df: Any) -> Any:
+    return (df.selectExpr("CAST(value AS STRING) AS json")
+            .selectExpr("get_json_object(json, '$.account') AS account",
+                        "CAST(get_json_object(json, '$.amount') AS BIGINT) AS amount")
+            .groupBy("account").agg({"amount": "sum", "*": "count"})
+            .withColumnRenamed("sum(amount)", "total").withColumnRenamed("count(1)", "count"))
+
+
+def query_id_for(checkpoint: str) -> str:
+    """Stable across restarts of one query (same checkpoint), distinct between queries."""
+    import hashlib
+    import os
+
+    return "q-" + hashlib.sha256(os.path.abspath(checkpoint).encode()).hexdigest()[:12]
+
+
+def counts_query(spark: Any, src: Any, args: argparse.Namespace) -> Any:
+    """Update-mode running totals per account into Kafka and the databases, once per batch."""
+    from oncelog.spark.foreach_batch import database_sink, kafka_foreach_batch
+
+    qid = args.query_id or query_id_for(args.checkpoint)
+    opts = {"progress.topic": args.progress_topic}
+    if args.delay_ms:
+        opts["fault.delayBeforeCommitMs"] = str(args.delay_ms)
+    to_kafka = kafka_foreach_batch(args.bootstrap, args.output, qid, args.guarantee, opts)
+    to_dbs = [database_sink(url, "account_totals", qid, key_columns=["account"]) for url in args.database]
+
+    def write(df: Any, batch_id: int) -> None:
+        df = df.cache()
+        try:
+            to_kafka(df.selectExpr(
+                "CAST(account AS BINARY) AS key",
+                f"CAST(to_json(named_struct('account', account, 'total', total, 'count', count, "
+                f"'batch', CAST({int(batch_id)} AS BIGINT))) AS BINARY) AS value"), batch_id)
+            for sink in to_dbs:
+                sink(df, batch_id)
+        finally:
+            df.unpersist()
+
+    return (_per_account(src.load()).writeStream.outputMode("update").foreachBatch(write)
+            .option("checkpointLocation", args.checkpoint).trigger(availableNow=True).start())
+
+
 def build_query(spark: Any, args: argparse.Namespace) -> Any:
     src = (spark.readStream.format("oncelog").option("kafka.bootstrap.servers", args.bootstrap)
            .option("subscribe", args.input).option("startingOffsets", "earliest"))
     if args.max_offsets:
         src = src.option("maxOffsetsPerTrigger", str(args.max_offsets))
+    if args.mode == "counts":
+        return counts_query(spark, src, args)
     df = src.load()
     mode = "append"
     if args.mode == "passthrough":
         out = df.selectExpr("key", "value")
     else:
-        out = (df.selectExpr("CAST(value AS STRING) AS json")
-               .selectExpr("get_json_object(json, '$.account') AS account",
-                           "CAST(get_json_object(json, '$.amount') AS BIGINT) AS amount")
-               .groupBy("account").agg({"amount": "sum", "*": "count"})
-               .withColumnRenamed("sum(amount)", "total").withColumnRenamed("count(1)", "count")
+        out = (_per_account(df)
                .selectExpr("CAST(account AS BINARY) AS key",
                            "CAST(to_json(named_struct('account', account, 'total', total, 'count', count)) "
                            "AS BINARY) AS value"))
@@ -54,10 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", required=True)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--guarantee", default="exactly_once")
-    p.add_argument("--mode", choices=["passthrough", "totals"], default="passthrough")
+    p.add_argument("--mode", choices=["passthrough", "totals", "counts"], default="passthrough")
     p.add_argument("--max-offsets", type=int, default=0, help="maxOffsetsPerTrigger (0: no limit)")
     p.add_argument("--delay-ms", type=int, default=0, help="pause between flushing and committing each task")
     p.add_argument("--progress-topic", default="oncelog-spark-progress")
+    p.add_argument("--database", action="append", default=[],
+                   help="counts mode: also upsert totals into this database URL (sqlite:///path, postgresql://…)")
+    p.add_argument("--query-id", default="", help="counts mode: stable query id (default: from the checkpoint path)")
     args = p.parse_args(argv)
 
     from oncelog.spark import local_session
