@@ -7,8 +7,17 @@ import json
 import sqlite3
 from pathlib import Path
 
-from oncelog.demo.cli import Outcome, add_arguments, payments, store_totals, totals_of, write_html
-from oncelog.demo.faults import duplicates_and_losses
+from oncelog.demo.cli import (
+    Outcome,
+    add_arguments,
+    payments,
+    reset_tables,
+    sqlite_totals,
+    totals_of,
+    write_html,
+    wrong,
+)
+from oncelog.demo.faults import duplicates_and_losses, expected_per_account, latest_per_account, repeated_updates
 
 
 def test_payments_are_deterministic_and_totals_add_up() -> None:
@@ -23,18 +32,34 @@ def test_losses_and_duplicates_are_counted_separately() -> None:
     assert duplicates_and_losses([b"a"], [b"a"]) == (0, 0, 0)
 
 
-def test_totals_upsert_and_report(tmp_path: Path) -> None:
+def test_update_mode_outputs_are_judged_by_newest_update_and_repeats() -> None:
+    updates = [{"account": "a", "batch": 0, "count": 1, "total": 5},
+               {"account": "a", "batch": 1, "count": 2, "total": 7},
+               {"account": "a", "batch": 1, "count": 2, "total": 7},
+               {"account": "b", "batch": 0, "count": 1, "total": 1}]
+    assert latest_per_account(updates) == {"a": (2, 7), "b": (1, 1)}
+    assert repeated_updates(updates) == 1 and repeated_updates(updates[:2]) == 0
+    values = [json.dumps({"account": "a", "amount": n}).encode() for n in (5, 2)]
+    assert expected_per_account(values) == {"a": (2, 7)}
+    assert wrong({"a": (2, 7)}, {"a": (2, 7), "b": (1, 1)}) == 1
+
+
+def test_totals_tables_and_report(tmp_path: Path) -> None:
     db = tmp_path / "t.sqlite"
-    store_totals(db, "exactly_once", {"a": 1})
-    store_totals(db, "exactly_once", {"a": 2, "b": 3})
     with sqlite3.connect(db) as conn:
-        assert dict(conn.execute("SELECT account, total FROM totals").fetchall()) == {"a": 2, "b": 3}
+        conn.execute('CREATE TABLE totals_exactly_once (account, "count", total)')
+        conn.execute("INSERT INTO totals_exactly_once VALUES ('a', 2, 7)")
+    assert sqlite_totals(db, "totals_exactly_once") == {"a": (2, 7)}
+    assert sqlite_totals(db, "totals_at_least_once") == {}, "a table never written reads as empty"
+    reset_tables(db, ["exactly_once"])
+    assert sqlite_totals(db, "totals_exactly_once") == {}
     p = argparse.ArgumentParser()
     add_arguments(p)
     args = p.parse_args(["--records", "10"])
     good = Outcome("exactly_once", 2, 0, 10, 0, 0, 0, 0, 1.0)
     bad = Outcome("at_least_once", 2, 0, 12, 0, 2, 0, 3, 1.0, zombie_duplicated=5)
-    assert good.ok and not bad.ok
-    write_html(tmp_path / "r.html", [good, bad], args)
+    repeated = Outcome("at_least_once", 2, 0, 10, 0, 0, 0, 0, 1.0, repeated_updates=3)
+    assert good.ok and not bad.ok and not repeated.ok
+    write_html(tmp_path / "r.html", [good, bad, repeated], args)
     text = (tmp_path / "r.html").read_text()
-    assert "exactly_once" in text and "inexact" in text and "0/5" in text
+    assert "exactly_once" in text and "inexact" in text and "0/5" in text and "total updates repeated" in text

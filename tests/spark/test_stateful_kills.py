@@ -10,49 +10,33 @@ record batch ids, the seed's "write to a system with unique keys").
 from __future__ import annotations
 
 import json
-import random
 import sqlite3
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from oncelog.demo.faults import produce_transactions, read_topic, run_with_driver_kills
+from oncelog.demo.cli import payments
+from oncelog.demo.faults import (
+    expected_per_account,
+    latest_per_account,
+    produce_transactions,
+    read_topic,
+    repeated_updates,
+    run_with_driver_kills,
+)
 from oncelog.testing.broker_process import BrokerProcess, create_topic
 
 pytest.importorskip("pyspark")
 pytestmark = pytest.mark.slow
-
-ACCOUNTS = 6
-
-
-def _payments(n: int) -> list[tuple[bytes, bytes]]:
-    rng = random.Random(11)
-    out = []
-    for i in range(n):
-        acct = f"acct-{rng.randrange(ACCOUNTS)}"
-        out.append((acct.encode(), json.dumps({"id": i, "account": acct, "amount": rng.randrange(1, 100)}).encode()))
-    return out
-
-
-def _expected(records: list[tuple[bytes, bytes]]) -> dict[str, tuple[int, int]]:
-    count: Counter[str] = Counter()
-    total: Counter[str] = Counter()
-    for _k, v in records:
-        d = json.loads(v)
-        count[d["account"]] += 1
-        total[d["account"]] += d["amount"]
-    return {a: (count[a], total[a]) for a in count}
-
 
 def _run(broker: BrokerProcess, tmp_path: Path, guarantee: str, kills: int,
          databases: list[str]) -> tuple[list[dict[str, Any]], dict[str, tuple[int, int]]]:
     bs = broker.bootstrap
     create_topic(bs, "payments", 2)
     create_topic(bs, "totals", 2)
-    records = _payments(160)
+    records = payments(160, accounts=6, seed=11)
     produce_transactions(bs, "payments", records, per_txn=16, abort_every=3, partitions=2)
     cmd = [sys.executable, "-m", "oncelog.demo.job", "--mode", "counts", "--bootstrap", bs, "--input", "payments",
            "--output", "totals", "--checkpoint", str(tmp_path / "ckpt"), "--guarantee", guarantee,
@@ -64,15 +48,7 @@ def _run(broker: BrokerProcess, tmp_path: Path, guarantee: str, kills: int,
     assert report.exit_code == 0, (tmp_path / "job.log").read_text()[-3000:]
     assert report.kills == kills
     updates = [json.loads(v or b"{}") for _k, v in read_topic(bs, "totals")]
-    return updates, _expected(records)
-
-
-def _latest(updates: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
-    latest: dict[str, dict[str, Any]] = {}
-    for u in updates:  # per partition in offset order; an account lives in one partition
-        if u["account"] not in latest or u["batch"] >= latest[u["account"]]["batch"]:
-            latest[u["account"]] = u
-    return {a: (u["count"], u["total"]) for a, u in latest.items()}
+    return updates, expected_per_account([v for _k, v in records])
 
 
 def _db_totals(url: str) -> dict[str, tuple[int, int]]:
@@ -99,9 +75,8 @@ def test_counts_per_key_exact_after_driver_kills(broker: BrokerProcess, tmp_path
                                                  request: pytest.FixtureRequest) -> None:
     dbs = [f"sqlite:///{tmp_path / 'totals.sqlite'}", *_postgres_if_available(request)]
     updates, expected = _run(broker, tmp_path, "exactly_once", kills=2, databases=dbs)
-    per_batch = Counter((u["batch"], u["account"]) for u in updates)
-    assert [k for k, n in per_batch.items() if n > 1] == [], "an update of one batch appeared twice"
-    assert _latest(updates) == expected
+    assert repeated_updates(updates) == 0, "an update of one batch appeared twice"
+    assert latest_per_account(updates) == expected
     for url in dbs:
         assert _db_totals(url) == expected, url
 
@@ -109,7 +84,6 @@ def test_counts_per_key_exact_after_driver_kills(broker: BrokerProcess, tmp_path
 def test_at_least_once_repeats_updates_under_the_same_faults(broker: BrokerProcess, tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'totals.sqlite'}"
     updates, expected = _run(broker, tmp_path, "at_least_once", kills=1, databases=[db])
-    per_batch = Counter((u["batch"], u["account"]) for u in updates)
-    assert any(n > 1 for n in per_batch.values()), "a kill after the flush must replay the batch's updates"
-    assert _latest(updates) == expected, "replays repeat updates but never change the final state"
+    assert repeated_updates(updates) > 0, "a kill after the flush must replay the batch's updates"
+    assert latest_per_account(updates) == expected, "replays repeat updates but never change the final state"
     assert _db_totals(db) == expected, "the database sink records batch ids, so it stays exact"

@@ -3,12 +3,16 @@
 1. Starts our broker in a temporary directory (loopback only).
 2. Generates payments per account, written in transactions; some transactions are aborted (their
    records must never count).
-3. For each guarantee runs the Spark job (oncelog source -> oncelog sink, micro-batches) in its own
-   process and SIGKILLs the driver's whole process group mid-batch several times, restarting it
-   from its checkpoint each time.
-4. Reads the output read_committed, counts records lost and duplicated, rebuilds running totals per
-   account into SQLite (``totals`` table, upsert per (guarantee, account)), compares them with the
-   expected totals, prints a table and writes an HTML report.
+3. For each guarantee runs one Spark application in its own process with two streaming queries on
+   the payments: the ledger (each payment, oncelog source -> oncelog sink) and the running totals
+   per account (a stateful aggregation in update mode, through ``foreachBatch`` into a totals topic
+   under the same guarantee and into SQLite, table ``totals_<guarantee>``). It SIGKILLs the driver's
+   whole process group mid-batch several times, restarting it from its checkpoints each time, while
+   a proxy drops acknowledgements; then races a zombie task attempt against its retry.
+4. Reads the outputs read_committed: payments lost and duplicated in the ledger, what a consumer
+   summing the ledger would get per account, repeated updates in the totals topic, and whether the
+   newest total per account (topic and SQLite) equals the expected one. Prints a table and writes
+   an HTML report.
 
 Exits 1 if exactly_once shows any loss or duplicate (or wrong total), 2 if a run failed.
 """
@@ -26,11 +30,15 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from oncelog.demo.faults import (
     duplicates_and_losses,
+    expected_per_account,
+    latest_per_account,
     produce_transactions,
     read_topic,
+    repeated_updates,
     run_with_driver_kills,
     zombie_attempt,
 )
@@ -55,6 +63,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "response after the broker processed it (a lost acknowledgement; default 0.03, 0 = off)")
 
 
+HEADINGS = ("guarantee", "driver kills", "acks dropped", "ledger out", "lost", "dup",
+            "ledger sums wrong", "total updates repeated", "totals wrong topic", "totals wrong SQLite",
+            "zombie lost/dup", "verdict")
+
+
 @dataclass
 class Outcome:
     guarantee: str
@@ -66,14 +79,24 @@ class Outcome:
     unexpected: int
     wrong_accounts: int
     seconds: float
+    repeated_updates: int = 0
+    wrong_totals_topic: int = 0
+    wrong_totals_sqlite: int = 0
     zombie_lost: int = 0
     zombie_duplicated: int = 0
     dropped_acks: int = 0
 
+    def cells(self) -> tuple[object, ...]:
+        verdict = "exact" if self.ok else ("FAILED RUN" if self.exit_code != 0 else "inexact")
+        return (self.guarantee, self.kills, self.dropped_acks, self.records_out, self.lost, self.duplicated,
+                self.wrong_accounts, self.repeated_updates, self.wrong_totals_topic, self.wrong_totals_sqlite,
+                f"{self.zombie_lost}/{self.zombie_duplicated}", verdict)
+
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and self.lost == 0 and self.duplicated == 0 and self.unexpected == 0 \
-            and self.wrong_accounts == 0 \
+            and self.wrong_accounts == 0 and self.repeated_updates == 0 \
+            and self.wrong_totals_topic == 0 and self.wrong_totals_sqlite == 0 \
             and self.zombie_lost == 0 and self.zombie_duplicated == 0
 
 
@@ -95,23 +118,33 @@ def totals_of(values: list[bytes]) -> dict[str, int]:
     return dict(t)
 
 
-def store_totals(db: Path, guarantee: str, totals: dict[str, int]) -> None:
-    """Idempotent: upsert by (guarantee, account), so rerunning the demo never double counts."""
+def reset_tables(db: Path, guarantees: list[str]) -> None:
+    """Each run starts its totals tables empty (query ids are new each run, so old batches would not clash,
+    but accounts of an earlier run with other settings would linger)."""
     with sqlite3.connect(db) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS totals (guarantee TEXT, account TEXT, total INTEGER, "
-                     "PRIMARY KEY (guarantee, account))")
-        conn.executemany("INSERT INTO totals VALUES (?, ?, ?) ON CONFLICT (guarantee, account) "
-                         "DO UPDATE SET total = excluded.total", [(guarantee, a, t) for a, t in totals.items()])
+        for g in guarantees:
+            conn.execute(f"DROP TABLE IF EXISTS totals_{g}")
+        conn.execute("DROP TABLE IF EXISTS oncelog_batches")
+
+
+def sqlite_totals(db: Path, table: str) -> dict[str, tuple[int, int]]:
+    with sqlite3.connect(db) as conn:
+        try:
+            rows = conn.execute(f'SELECT account, "count", total FROM {table}').fetchall()
+        except sqlite3.OperationalError:  # never written (a failed run)
+            return {}
+    return {a: (int(c), int(t)) for a, c, t in rows}
+
+
+def wrong(got: dict[str, Any], want: dict[str, Any]) -> int:
+    return sum(1 for a in set(got) | set(want) if got.get(a) != want.get(a))
 
 
 def write_html(path: Path, outcomes: list[Outcome], args: argparse.Namespace) -> None:
-    head = ("guarantee", "driver kills", "dropped acks", "records out", "lost", "duplicated", "wrong totals",
-            "zombie lost/dup", "seconds", "verdict")
+    head = (*HEADINGS, "seconds")
     rows = []
     for o in outcomes:
-        verdict = "exact" if o.ok else ("FAILED RUN" if o.exit_code != 0 else "inexact")
-        cells = (o.guarantee, o.kills, o.dropped_acks, o.records_out, o.lost, o.duplicated, o.wrong_accounts,
-                 f"{o.zombie_lost}/{o.zombie_duplicated}", f"{o.seconds:.0f}", verdict)
+        cells = (*o.cells(), f"{o.seconds:.0f}")
         color = "#d4f7d4" if o.ok else "#f7d4d4"
         rows.append(f"<tr style='background:{color}'>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
                     + "</tr>")
@@ -122,6 +155,7 @@ def write_html(path: Path, outcomes: list[Outcome], args: argparse.Namespace) ->
         f"<h1>oncelog demo: payments pipeline on PySpark</h1><p>{args.records} committed payments over "
         f"{args.accounts} accounts (plus aborted transactions that must not count); the Spark driver was "
         f"killed with SIGKILL mid-batch {args.kills} time(s) per guarantee and restarted from its checkpoint; "
+        "a second query kept running totals per account (update mode, foreachBatch) in a topic and in SQLite; "
         "then one task attempt was left stalled before its commit (a zombie) while a retry of the same task ran; "
         f"a proxy dropped {args.drop_acks:.0%} of Produce/EndTxn responses after the broker processed them.</p>"
         "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>")
@@ -151,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
             produce_transactions(bs, "payments", events, per_txn=25, abort_every=4, partitions=2)
             expected_values = [v for _k, v in events]
             expected_totals = totals_of(expected_values)
+            expected_accounts = expected_per_account(expected_values)
+            reset_tables(db, guarantees)
             console.log(f"{len(events)} committed payments, {args.accounts} accounts")
             job_bs = bs
             dropped_before = 0
@@ -167,15 +203,19 @@ def run(args: argparse.Namespace) -> int:
                     proxy.drop_responses(API_PRODUCE, 10**6, probability=args.drop_acks)
                     proxy.drop_responses(API_END_TXN, 10**6, probability=args.drop_acks)
                 out_topic = f"ledger-{g}"
+                totals_topic = f"totals-{g}"
                 progress_topic = f"progress-{g}"
                 create_topic(bs, out_topic, 2)
+                create_topic(bs, totals_topic, 2)
                 create_topic(bs, progress_topic, 2)
                 status.update(f"{g}: running the Spark job, killing its driver {args.kills} time(s)")
                 cmd = [sys.executable, "-m", "oncelog.demo.job", "--bootstrap", job_bs, "--input", "payments",
                        "--output", out_topic, "--checkpoint", str(work / f"ckpt-{g}"), "--guarantee", g,
                        "--max-offsets", str(args.max_offsets), "--delay-ms", "1000",
-                       "--progress-topic", progress_topic]
-                watch = progress_topic if g == "at_most_once" else out_topic
+                       "--progress-topic", progress_topic, "--totals-output", totals_topic,
+                       "--database", f"sqlite:///{db.resolve()}", "--table", f"totals_{g}"]
+                # at_most_once records progress before writing (acks=0): its progress topic shows a batch start.
+                watch = [progress_topic] if g == "at_most_once" else [out_topic, totals_topic]
                 def on_event(msg: str, g: str = g) -> None:
                     console.log(f"{g}: {msg}")
 
@@ -184,11 +224,13 @@ def run(args: argparse.Namespace) -> int:
                                                on_event=on_event)
                 got = [v or b"" for _k, v in read_topic(bs, out_topic)]
                 lost, dup, unexpected = duplicates_and_losses(expected_values, got)
-                totals = totals_of([v for v in got if not v.startswith(b"aborted-")])
-                store_totals(db, g, totals)
-                wrong = sum(1 for a in set(expected_totals) | set(totals)
-                            if totals.get(a) != expected_totals.get(a))
-                o = Outcome(g, report.kills, report.exit_code, len(got), lost, dup, unexpected, wrong, report.seconds)
+                ledger_sums = totals_of([v for v in got if not v.startswith(b"aborted-")])
+                updates = [json.loads(v or b"{}") for _k, v in read_topic(bs, totals_topic)]
+                o = Outcome(g, report.kills, report.exit_code, len(got), lost, dup, unexpected,
+                            wrong(ledger_sums, expected_totals), report.seconds,
+                            repeated_updates=repeated_updates(updates),
+                            wrong_totals_topic=wrong(latest_per_account(updates), expected_accounts),
+                            wrong_totals_sqlite=wrong(sqlite_totals(db, f"totals_{g}"), expected_accounts))
                 if proxy is not None:
                     o.dropped_acks = proxy.stats.dropped_responses - dropped_before
                     dropped_before = proxy.stats.dropped_responses
@@ -196,8 +238,10 @@ def run(args: argparse.Namespace) -> int:
                 status.update(f"{g}: a zombie task attempt racing its retry")
                 o.zombie_lost, o.zombie_duplicated = zombie_attempt(bs, g, f"zombie-{g}", progress_topic)
                 outcomes.append(o)
-                console.log(f"{g}: done in {o.seconds:.0f}s: {o.records_out} out, {lost} lost, {dup} duplicated, "
-                            f"{wrong} wrong account totals; zombie attempt: {o.zombie_lost} lost, "
+                console.log(f"{g}: done in {o.seconds:.0f}s: ledger {o.records_out} out, {lost} lost, "
+                            f"{dup} duplicated, {o.wrong_accounts} accounts' sums wrong; totals: "
+                            f"{o.repeated_updates} repeated updates, {o.wrong_totals_topic} wrong in the topic, "
+                            f"{o.wrong_totals_sqlite} wrong in SQLite; zombie attempt: {o.zombie_lost} lost, "
                             f"{o.zombie_duplicated} duplicated")
     finally:
         if proxy is not None:
@@ -206,16 +250,14 @@ def run(args: argparse.Namespace) -> int:
 
     table = Table(title="records lost and duplicated per guarantee (driver SIGKILL mid-batch + restart, "
                         "dropped acknowledgements, a zombie attempt)")
-    for col in ("guarantee", "kills", "dropped acks", "records out", "lost", "duplicated", "wrong totals",
-                "zombie lost/dup", "verdict"):
-        table.add_column(col, no_wrap=True)
+    for col in HEADINGS:
+        table.add_column(col, no_wrap=col == "guarantee")
     for o in outcomes:
         verdict = "[green]exact[/green]" if o.ok else "[red]inexact[/red]"
-        table.add_row(o.guarantee, str(o.kills), str(o.dropped_acks), str(o.records_out), str(o.lost),
-                      str(o.duplicated), str(o.wrong_accounts), f"{o.zombie_lost}/{o.zombie_duplicated}", verdict)
+        table.add_row(*map(str, o.cells()[:-1]), verdict)
     console.print(table)
     write_html(args.report, outcomes, args)
-    console.print(f"report: {args.report.resolve()}   totals in SQLite: {db.resolve()} (table totals)")
+    console.print(f"report: {args.report.resolve()}   totals in SQLite: {db.resolve()} (tables totals_<guarantee>)")
     if args.keep:
         console.print(f"work directory kept: {work}")
     else:

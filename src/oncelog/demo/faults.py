@@ -96,16 +96,18 @@ class KillReport:
     log: list[str] = field(default_factory=list)
 
 
-def run_with_driver_kills(cmd: list[str], bootstrap: str, watch_topic: str, kills: int, seed: int,
+def run_with_driver_kills(cmd: list[str], bootstrap: str, watch_topic: str | Sequence[str], kills: int, seed: int,
                           log_path: Path, timeout_s: float = 300.0,
                           on_event: Callable[[str], None] | None = None) -> KillReport:
     """Run the job ``cmd``; ``kills`` times, SIGKILL its whole process group (Python driver, the JVM,
     the Python workers) shortly after new records appear in ``watch_topic`` (read_uncommitted, so
     the kill lands while a batch is being written), then start it again. Finally let it finish.
+    With several topics (a job running several queries), kill ``i`` watches topic ``i mod n``.
     """
     from confluent_kafka import Consumer
 
     rng = random.Random(seed)
+    topics = [watch_topic] if isinstance(watch_topic, str) else list(watch_topic)
     report = KillReport()
     watcher = Consumer({"bootstrap.servers": bootstrap, "group.id": f"oncelog-watch-{uuid.uuid4()}",
                         "isolation.level": "read_uncommitted"})
@@ -123,15 +125,16 @@ def run_with_driver_kills(cmd: list[str], bootstrap: str, watch_topic: str, kill
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
                 try:
                     if report.kills < kills:
-                        seen = high_watermark_sum(watcher, watch_topic)
+                        topic = topics[report.kills % len(topics)]
+                        seen = high_watermark_sum(watcher, topic)
                         while proc.poll() is None and time.monotonic() - start < timeout_s:
-                            now = high_watermark_sum(watcher, watch_topic)
+                            now = high_watermark_sum(watcher, topic)
                             if now > seen:
                                 time.sleep(rng.uniform(0.0, 0.3))
                                 os.killpg(proc.pid, signal.SIGKILL)
                                 proc.wait(timeout=30)
                                 report.kills += 1
-                                note(f"driver killed (SIGKILL) mid-batch, kill {report.kills}/{kills}")
+                                note(f"driver killed (SIGKILL) mid-batch ({topic}), kill {report.kills}/{kills}")
                                 break
                             time.sleep(0.05)
                         if proc.poll() is not None and proc.returncode != -signal.SIGKILL:
@@ -208,3 +211,31 @@ def zombie_attempt(bootstrap: str, guarantee: str, topic: str, progress_topic: s
     got = [v for _k, v in read_topic(bootstrap, topic) if v and v.startswith(ident.query_id.encode())]
     lost, dup, _unexpected = duplicates_and_losses(values, got)
     return lost, dup
+
+
+def latest_per_account(updates: Sequence[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """(count, total) of each account's newest update (highest batch id) in an update-mode output."""
+    latest: dict[str, dict[str, Any]] = {}
+    for u in updates:
+        if u["account"] not in latest or u["batch"] >= latest[u["account"]]["batch"]:
+            latest[u["account"]] = u
+    return {a: (int(u["count"]), int(u["total"])) for a, u in latest.items()}
+
+
+def repeated_updates(updates: Sequence[dict[str, Any]]) -> int:
+    """Extra copies of one (batch, account) update: what a replayed micro-batch leaves behind."""
+    per_batch = Counter((u["batch"], u["account"]) for u in updates)
+    return sum(n - 1 for n in per_batch.values() if n > 1)
+
+
+def expected_per_account(values: Sequence[bytes]) -> dict[str, tuple[int, int]]:
+    """(count, total) per account of JSON payments ``{"account": a, "amount": n}``."""
+    import json
+
+    count: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    for v in values:
+        d = json.loads(v)
+        count[d["account"]] += 1
+        total[d["account"]] += int(d["amount"])
+    return {a: (count[a], total[a]) for a in count}

@@ -12,7 +12,10 @@ Modes:
 - ``counts``: the same aggregation in **update** mode through ``foreachBatch``: each micro-batch's
   changed accounts go to ``OUT`` (JSON with the batch id, keyed by account) with
   :func:`~oncelog.spark.foreach_batch.kafka_foreach_batch` under the guarantee, and are upserted
-  by account into every ``--database`` URL (table ``account_totals``, SQLite or PostgreSQL).
+  by account into every ``--database`` URL (``--table``, SQLite or PostgreSQL).
+
+``passthrough`` with ``--totals-output T`` runs both queries in one application (the demo): the
+ledger and the running totals, killed and restarted together.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def counts_query(spark: Any, src: Any, args: argparse.Namespace) -> Any:
     if args.delay_ms:
         opts["fault.delayBeforeCommitMs"] = str(args.delay_ms)
     to_kafka = kafka_foreach_batch(args.bootstrap, args.output, qid, args.guarantee, opts)
-    to_dbs = [database_sink(url, "account_totals", qid, key_columns=["account"]) for url in args.database]
+    to_dbs = [database_sink(url, args.table, qid, key_columns=["account"]) for url in args.database]
 
     def write(df: Any, batch_id: int) -> None:
         df = df.cache()
@@ -106,18 +109,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--database", action="append", default=[],
                    help="counts mode: also upsert totals into this database URL (sqlite:///path, postgresql://…)")
     p.add_argument("--query-id", default="", help="counts mode: stable query id (default: from the checkpoint path)")
+    p.add_argument("--table", default="account_totals", help="counts mode: the databases' table")
+    p.add_argument("--totals-output", default="",
+                   help="passthrough mode: also run the counts query (same input) into this topic, in the same "
+                        "Spark application, checkpoint CHECKPOINT-totals")
     args = p.parse_args(argv)
 
     from oncelog.spark import local_session
 
     spark = local_session("oncelog-job")
     try:
-        query = build_query(spark, args)
-        query.awaitTermination()
-        exc = query.exception()
-        if exc is not None:
-            print(f"query failed: {exc}", file=sys.stderr)
-            return 1
+        queries = [build_query(spark, args)]
+        if args.mode == "passthrough" and args.totals_output:
+            totals_args = argparse.Namespace(**{**vars(args), "mode": "counts", "output": args.totals_output,
+                                                "checkpoint": args.checkpoint.rstrip("/") + "-totals"})
+            queries.append(build_query(spark, totals_args))
+        for query in queries:
+            query.awaitTermination()
+            exc = query.exception()
+            if exc is not None:
+                print(f"query failed: {exc}", file=sys.stderr)
+                return 1
         print("done", flush=True)
         return 0
     finally:
