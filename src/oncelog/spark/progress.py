@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
+
+from oncelog.spark.ranges import consume_range
 
 DEFAULT_TOPIC = "oncelog-spark-progress"
 DEFAULT_PARTITIONS = 16
@@ -72,7 +73,7 @@ class ProgressLog:
 
     def last_committed(self, query_id: str, partition_id: int) -> int:
         """Highest committed batch id for (query, partition), or -1."""
-        from confluent_kafka import Consumer, KafkaError, TopicPartition
+        from confluent_kafka import Consumer, TopicPartition
 
         part = self.partition_for(partition_id)
         cache_key = (str(self.conf.get("bootstrap.servers")), self.topic, part)
@@ -91,29 +92,14 @@ class ProgressLog:
             reader = Consumer({**base, "isolation.level": "read_committed", "enable.partition.eof": True,
                                "auto.offset.reset": "earliest"})
             try:
-                reader.assign([TopicPartition(self.topic, part, position)])
-                deadline = time.monotonic() + self.timeout_s
-                while position < high_watermark:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"progress partition {self.topic}-{part} stuck at {position} "
-                                           f"below {high_watermark} (a transaction stays open)")
-                    msgs = reader.consume(num_messages=max(1, min(1000, high_watermark - position)), timeout=0.1)
+                for msgs in consume_range(reader, self.topic, part, start, high_watermark, self.timeout_s, 1000,
+                                          poll_timeout_s=0.1, what=f"progress partition {self.topic}-{part}"):
                     for m in msgs:
-                        err = m.error()
-                        if err is not None:
-                            if err.code() == KafkaError._PARTITION_EOF:
-                                position = max(position, m.offset() or 0)
-                                continue
-                            raise RuntimeError(f"reading progress: {err}")
-                        position = max(position, (m.offset() or 0) + 1)
                         key = (m.key() or b"").decode()
                         batch = int(json.loads(m.value() or b"{}").get("batch_id", -1))
                         if batch > seen.get(key, -1):
                             seen[key] = batch
-                    if not msgs:
-                        pos = reader.position([TopicPartition(self.topic, part)])[0].offset
-                        if pos >= 0:
-                            position = max(position, pos)
+                position = high_watermark
             finally:
                 reader.close()
         with _CACHE_LOCK:

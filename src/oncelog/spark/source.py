@@ -18,7 +18,6 @@ Invariants the reader keeps:
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from oncelog.spark.options import (
     parse_assign,
     parse_offsets_spec,
 )
+from oncelog.spark.ranges import consume_range
 
 Offsets = dict[str, dict[str, int]]
 
@@ -105,7 +105,7 @@ def read_range(conf: Mapping[str, Any], rng: OffsetRange, include_headers: bool,
     correct broker never does).
     """
     import pyarrow as pa
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import Consumer
 
     consumer = Consumer({**conf, "group.id": f"oncelog-spark-reader-{uuid.uuid4()}", "enable.auto.commit": False,
                          "enable.partition.eof": True, "auto.offset.reset": "error"})
@@ -119,31 +119,15 @@ def read_range(conf: Mapping[str, Any], rng: OffsetRange, include_headers: bool,
         return batch
 
     try:
-        consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
-        position = rng.start
-        deadline = time.monotonic() + timeout_s
-        while position < rng.end:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {rng}: stuck at offset {position} for {timeout_s}s")
-            # Ask for no more than the range holds, so the call returns as soon as the range is complete.
-            msgs = consumer.consume(num_messages=max(1, min(batch_rows, rng.end - position)), timeout=0.2)
+        for msgs in consume_range(consumer, rng.topic, rng.partition, rng.start, rng.end, timeout_s, batch_rows,
+                                  what=str(rng)):
             for m in msgs:
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        position = max(position, m.offset() or 0)
-                        continue
-                    raise RuntimeError(f"reading {rng}: {err}")
-                off = int(m.offset() or 0)
-                position = max(position, off + 1)
-                if off >= rng.end or off < rng.start:
-                    continue
                 ts_type, ts = cast(Any, m.timestamp())
                 cols["key"].append(m.key())
                 cols["value"].append(m.value())
                 cols["topic"].append(rng.topic)
                 cols["partition"].append(rng.partition)
-                cols["offset"].append(off)
+                cols["offset"].append(int(m.offset()))
                 cols["timestamp"].append(ts * 1000 if ts >= 0 else None)
                 cols["timestampType"].append(arrow_timestamp_type(ts_type))
                 if include_headers:
@@ -151,11 +135,6 @@ def read_range(conf: Mapping[str, Any], rng: OffsetRange, include_headers: bool,
                     cols["headers"].append([{"key": h[0], "value": h[1]} for h in hs])
                 if len(cols["offset"]) >= batch_rows:
                     yield flush()
-            if not msgs:
-                # Control markers at the tail are consumed silently; the position tells us.
-                pos = consumer.position([TopicPartition(rng.topic, rng.partition)])[0].offset
-                if pos >= 0:
-                    position = max(position, pos)
         if cols["offset"]:
             yield flush()
     finally:

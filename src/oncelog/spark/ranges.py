@@ -1,0 +1,54 @@
+"""Reading one partition's offset range ``[start, end)`` with librdkafka, the way every reader here must.
+
+Invariant: a range is complete when the consumer's **position** reaches ``end``, not when a record at
+``end - 1`` arrives: transaction markers and (under read_committed) aborted records occupy offsets
+but are never delivered, so a reader waiting for ``end - 1`` could wait forever. Used by the Spark
+source's executors and by the sink's progress reader.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+
+def consume_range(consumer: Any, topic: str, partition: int, start: int, end: int, timeout_s: float,
+                  max_messages: int, poll_timeout_s: float = 0.2, what: str = "") -> Iterator[list[Any]]:
+    """Yield lists of the delivered messages of ``[start, end)``, in offset order.
+
+    ``consumer`` is a confluent-kafka Consumer with ``enable.partition.eof`` on; this assigns it to
+    ``topic``/``partition`` at ``start``. Raises TimeoutError if the position stays below ``end``
+    for ``timeout_s`` (a broker that lost data, or an open transaction holding the LSO below a
+    planned end), RuntimeError on a consumer error.
+    """
+    from confluent_kafka import KafkaError, TopicPartition
+
+    what = what or f"{topic}-{partition} [{start}, {end})"
+    consumer.assign([TopicPartition(topic, partition, start)])
+    position = start
+    deadline = time.monotonic() + timeout_s
+    while position < end:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"reading {what}: stuck at offset {position} below {end} for {timeout_s}s")
+        # Ask for no more than the range holds, so the call returns as soon as the range is complete.
+        msgs = consumer.consume(num_messages=max(1, min(max_messages, end - position)), timeout=poll_timeout_s)
+        out = []
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    position = max(position, m.offset() or 0)
+                    continue
+                raise RuntimeError(f"reading {what}: {err}")
+            off = int(m.offset() or 0)
+            position = max(position, off + 1)
+            if start <= off < end:
+                out.append(m)
+        if out:
+            yield out
+        if not msgs:
+            # Control markers at the tail are consumed silently; the position tells us.
+            pos = consumer.position([TopicPartition(topic, partition)])[0].offset
+            if pos >= 0:
+                position = max(position, pos)

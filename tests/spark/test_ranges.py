@@ -1,0 +1,78 @@
+"""consume_range: a range ends on the consumer's position (markers and aborted records occupy offsets
+but are never delivered), and an open transaction below the planned end is a TimeoutError, not a hang."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from oncelog.spark.ranges import consume_range
+from oncelog.testing.broker_process import BrokerProcess, create_topic
+
+
+def _reader(bs: str) -> object:
+    from confluent_kafka import Consumer
+
+    return Consumer({"bootstrap.servers": bs, "group.id": f"g-{uuid.uuid4()}", "enable.auto.commit": False,
+                     "isolation.level": "read_committed", "enable.partition.eof": True})
+
+
+def _hw(bs: str, topic: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bs, "group.id": f"g-{uuid.uuid4()}", "isolation.level": "read_uncommitted"})
+    try:
+        return int(c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1])
+    finally:
+        c.close()
+
+
+def test_range_with_markers_and_aborted_records_ends(broker: BrokerProcess) -> None:
+    from confluent_kafka import Producer
+
+    bs = broker.bootstrap
+    create_topic(bs, "r", 1)
+    p = Producer({"bootstrap.servers": bs, "transactional.id": "ranges-1"})
+    p.init_transactions(30)
+    for n, abort in enumerate([False, True, False]):
+        p.begin_transaction()
+        for i in range(3):
+            p.produce("r", value=b"%d-%d" % (n, i), partition=0)
+        p.flush(10)  # on the log before the abort (librdkafka purges unsent records on abort)
+        (p.abort_transaction if abort else p.commit_transaction)(30)
+    end = _hw(bs, "r")
+    assert end == 12, "3 transactions of 3 records, each with a marker"
+    c = _reader(bs)
+    try:
+        got = [m.value() for msgs in consume_range(c, "r", 0, 0, end, timeout_s=20, max_messages=2) for m in msgs]
+        assert got == [b"0-0", b"0-1", b"0-2", b"2-0", b"2-1", b"2-2"]
+        tail = [m.value() for msgs in consume_range(c, "r", 0, 4, 8, timeout_s=20, max_messages=10) for m in msgs]
+        assert tail == [], "offsets 4..7: aborted records and the abort marker, none delivered"
+    finally:
+        c.close()  # type: ignore[attr-defined]
+
+
+def test_open_transaction_below_the_end_times_out(broker: BrokerProcess) -> None:
+    from confluent_kafka import Producer
+
+    bs = broker.bootstrap
+    create_topic(bs, "open", 1)
+    p = Producer({"bootstrap.servers": bs, "transactional.id": "ranges-2"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce("open", value=b"undecided", partition=0)
+    p.flush(10)
+    end = _hw(bs, "open")
+    assert end == 1
+    c = _reader(bs)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match="stuck at offset 0 below 1"):
+            for _ in consume_range(c, "open", 0, 0, end, timeout_s=2, max_messages=10):
+                pass
+    finally:
+        c.close()  # type: ignore[attr-defined]
+        p.abort_transaction(30)
+    assert time.monotonic() - t0 < 15
