@@ -71,6 +71,8 @@ class Broker:
         self._tasks.append(loop.create_task(self._every(60_000, self._expire_producers)))
         self._tasks.append(loop.create_task(self._every(100, self.coordination.tick_groups)))
         self._tasks.append(loop.create_task(self._every(600_000, self.coordination.expire_offsets)))
+        self._tasks.append(loop.create_task(self._every(
+            self.config.internal_log_checkpoint_interval_ms, self._checkpoint_internal_logs)))
         host, port = self.config.advertised
         log.info("oncelog broker %d listening on %s:%d (advertised %s:%d), data in %s",
                  self.config.node_id, self.config.listen_host, self.config.listen_port, host, port,
@@ -112,6 +114,9 @@ class Broker:
 
     def _expire_producers(self) -> None:
         self.logs.remove_expired_producers(self.clock.now_ms(), self.config.producer_id_expiration_ms)
+
+    def _checkpoint_internal_logs(self) -> None:
+        self.coordination.checkpoint_internal_logs(self.config.internal_log_checkpoint_bytes)
 
     def _retention(self) -> None:
         self.logs.apply_retention_all(self.clock.now_ms())

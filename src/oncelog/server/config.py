@@ -59,6 +59,10 @@ class BrokerConfig:
     group_max_session_timeout_ms: int = 1_800_000
     group_initial_rebalance_delay_ms: int = 3000
     offsets_retention_minutes: int = 7 * 24 * 60
+    # Internal topics are kept bounded by rewriting their live state and dropping the prefix
+    # (what compaction does for Kafka's __consumer_offsets and __transaction_state).
+    internal_log_checkpoint_bytes: int = 16 * 1024 * 1024
+    internal_log_checkpoint_interval_ms: int = 30_000
     log_level: str = "INFO"
     extra: dict[str, Any] = field(default_factory=dict)
 

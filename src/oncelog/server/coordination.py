@@ -60,6 +60,7 @@ class Coordination:
             group_initial_rebalance_delay_ms=cfg.group_initial_rebalance_delay_ms,
             offsets_retention_ms=cfg.offsets_retention_minutes * 60_000)
         self.fault_point = os.environ.get("ONCELOG_FAULT_POINT", "")
+        self._checkpoint_bytes: dict[str, int] = {}  # per internal partition: size of its last checkpoint
 
     # --- partitions of internal topics ---------------------------------------------------------
     def offsets_partition_for(self, group_id: str) -> tuple[str, int]:
@@ -193,6 +194,54 @@ class Coordination:
 
     def expire_offsets(self) -> None:
         self.apply_records_by_group(self.groups.expire_offsets())
+
+    # --- keeping internal logs bounded -------------------------------------------------------------
+    def checkpoint_internal_logs(self, min_bytes: int) -> int:
+        """Bound each internal partition: rewrite its live state at the end, then drop the prefix.
+
+        For a partition whose log holds at least ``max(min_bytes, 2 * its last checkpoint)`` bytes:
+        roll to a new segment, append the coordinator's :meth:`snapshot_records` for that partition
+        (the newest record per live key: what Kafka's log cleaner would keep), fsync, then move the
+        log start to ``min(checkpoint start, last stable offset)`` and delete the segments below.
+
+        Invariants: replaying the log from its new start rebuilds the same coordinator state (the
+        checkpoint holds every live key; records between an earlier cut and the checkpoint are
+        older and overwritten by it; tombstoned keys are absent); the checkpoint is durable before
+        anything is deleted, so a crash at any step leaves a log that replays to the same state;
+        an open transaction's records (pending offsets) are never cut, and while one pins more than
+        half of the log the partition is left alone (nothing could be dropped). Runs without awaiting, so no
+        request interleaves with the rewrite. Returns how many partitions were checkpointed.
+        """
+        parts: list[tuple[Any, Any]] = [(self._txn_log(), self.txn.snapshot_records)]
+        n_offsets = self.broker.logs.topics()[CONSUMER_OFFSETS_TOPIC].num_partitions
+        for p in range(n_offsets):
+            def owned(p: int = p) -> list[tuple[bytes, bytes | None]]:
+                return self.groups.snapshot_records(lambda gid: self.offsets_partition_for(gid)[1] == p)
+
+            parts.append((self.broker.logs.get_partition(CONSUMER_OFFSETS_TOPIC, p), owned))
+        done = 0
+        for plog, snapshot in parts:
+            if plog is None or plog.size_in_bytes < max(min_bytes, 2 * self._checkpoint_bytes.get(plog.name, 0)):
+                continue
+            first, end = plog.log_start_offset, plog.log_end_offset
+            if plog.last_stable_offset - first < (end - first) // 2:
+                continue  # an open transaction pins most of the log: a checkpoint would only add bytes
+            now = self.broker.clock.now_ms()
+            before = plog.size_in_bytes
+            if plog.active.size > 0:
+                plog.roll(now)
+            start = plog.log_end_offset
+            records = snapshot()
+            for i in range(0, len(records), 500):
+                plog.append(encode_batch(records[i:i + 500], now), origin=AppendOrigin.COORDINATOR)
+            plog.flush()
+            cut = min(start, plog.last_stable_offset)
+            plog.delete_records(cut)
+            self._checkpoint_bytes[plog.name] = plog.active.size
+            done += 1
+            log.info("%s: checkpointed %d live record(s) at offset %d; log start now %d, %d -> %d bytes",
+                     plog.name, len(records), start, plog.log_start_offset, before, plog.size_in_bytes)
+        return done
 
     def expire_transactions(self) -> None:
         for result in self.txn.expire(self.broker.clock.now_ms()):

@@ -73,6 +73,9 @@ class GroupCoordinator:
         self.pending_txn_offsets: dict[int, dict[str, dict[TopicPartition, OffsetAndMetadata]]] = {}
         self.loading = False
         self._records: list[Record] = []
+        # The newest group-metadata record value per group, as written to the log (membership in
+        # memory may be mid-rebalance and is not what a restart would load).
+        self._group_log: dict[str, bytes] = {}
 
     # --- helpers ---------------------------------------------------------------------------------
     def _group_record(self, g: GroupMetadata) -> Record:
@@ -424,6 +427,10 @@ class GroupCoordinator:
                 if group_id not in self.groups:
                     self.groups[group_id] = GroupMetadata(group_id)
             return
+        if value is None:
+            self._group_log.pop(ident, None)
+        else:
+            self._group_log[ident] = value
         if not self.loading:
             return  # in-memory membership is authoritative while running; the record is for restarts
         if payload is None:
@@ -441,6 +448,24 @@ class GroupCoordinator:
                 g.static_members[m.group_instance_id] = m.member_id
         g.state = G.STABLE if g.members else G.EMPTY
         self.groups[ident] = g
+
+    def snapshot_records(self, owns: Callable[[str], bool]) -> list[Record]:
+        """The newest record of every live key of the groups ``owns`` selects (one offsets partition),
+        as log compaction would keep them: each group's last logged metadata and committed offsets.
+
+        Transactional offsets still pending are not included: they stay in the log above the last
+        stable offset, which a caller never truncates past. Replaying these records alone (with
+        ``loading`` set) rebuilds the same groups and committed offsets.
+        """
+        out: list[Record] = []
+        for gid in sorted(set(self._group_log) | set(self.offsets)):
+            if not owns(gid):
+                continue
+            if gid in self._group_log:
+                out.append((rec.group_key(gid), self._group_log[gid]))
+            for (topic, partition), o in sorted(self.offsets.get(gid, {}).items()):
+                out.append((rec.offset_key(gid, topic, partition), rec.offset_value(o)))
+        return out
 
     def replay_control(self, producer_id: int, commit: bool) -> None:
         pending = self.pending_txn_offsets.pop(producer_id, None)

@@ -88,6 +88,15 @@ class TransactionCoordinator:
         self.transactions[transactional_id] = meta
         self._by_producer_id[meta.producer_id] = transactional_id
 
+    def snapshot_records(self) -> list[tuple[bytes, bytes | None]]:
+        """The newest record of every live transactional id, as log compaction would keep them.
+
+        Invariant: ``transactions`` changes only by :meth:`replay`, so it always equals the newest
+        record per key of the log; replaying these records alone into an empty coordinator rebuilds
+        the same ``transactions`` (Prepare* states included, so their markers are still completed).
+        """
+        return [(txnlog.encode_key(t), txnlog.encode_value(m)) for t, m in sorted(self.transactions.items())]
+
     def state_of(self, transactional_id: str) -> TransactionMetadata | None:
         return self.transactions.get(transactional_id)
 
