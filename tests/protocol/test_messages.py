@@ -60,3 +60,30 @@ def test_garbage_body_is_malformed_not_a_crash() -> None:
         decode_request(struct.pack(">hhi", 3, 12, 1) + b"\xff\xff\xff")
     with pytest.raises(MalformedRequestError):
         decode_request(b"\x00\x03")
+
+
+@pytest.mark.parametrize("version", [4, 7, 11, 12])
+def test_fetch_response_parts_join_to_the_plain_encoding(version: int) -> None:
+    """Large record sets are spliced in unjoined (sent with writelines), small ones encoded by kio;
+    either way the bytes on the wire equal kio's encoding of the same response."""
+    from oncelog.protocol.messages import SPLICE_MIN_BYTES, build_response, encode_fetch_response, encode_response
+
+    big = bytes(range(256)) * (SPLICE_MIN_BYTES // 256 + 7)
+    view = memoryview(b"\x01" * 200_000 + b"tail")[:200_000]
+
+    def part(index: int, records: object) -> dict[str, object]:
+        return {"partition_index": index, "error_code": 0, "high_watermark": 10, "last_stable_offset": 9,
+                "log_start_offset": 0, "aborted_transactions": [{"producer_id": 3, "first_offset": 1}],
+                "preferred_read_replica": -1, "records": records}
+
+    data = {"throttle_time": 0, "error_code": 0, "session_id": 0, "responses": [
+        {"topic": "a", "partitions": [part(0, big), part(1, b"small"), part(2, b"")]},
+        {"topic": "b", "partitions": [part(0, view), part(1, None)]}]}
+    parts = encode_fetch_response(version, 77, data)
+    assert len(parts) == 5 and parts[1] is big and parts[3] is view, "the large record sets are not copied"
+    plain = {**data, "responses": [data["responses"][0], {"topic": "b", "partitions": [
+        part(0, view.tobytes()), part(1, None)]}]}
+    expected = encode_response(1, version, 77, build_response(1, version, plain))
+    assert b"".join(bytes(p) for p in parts) == expected
+    assert encode_fetch_response(version, 78, {**data, "responses": []}) == [
+        encode_response(1, version, 78, build_response(1, version, {**data, "responses": []}))]

@@ -24,7 +24,14 @@ from oncelog.protocol.errors import (
     UnsupportedVersionError,
 )
 from oncelog.protocol.frames import FrameDecoder, FrameError
-from oncelog.protocol.messages import build_response, decode_request, encode_response, peek_header
+from oncelog.protocol.messages import (
+    API_FETCH,
+    build_response,
+    decode_request,
+    encode_fetch_response,
+    encode_response,
+    peek_header,
+)
 from oncelog.protocol.versions import API_API_VERSIONS, api_name
 
 if TYPE_CHECKING:
@@ -96,9 +103,12 @@ class KafkaConnection(asyncio.Protocol):
                 self.close()
                 return
             if out is not None and self.transport is not None and not self.closed:
-                self.transport.write(out)
+                if isinstance(out, list):
+                    self.transport.writelines(out)  # a Fetch response with its record sets unjoined
+                else:
+                    self.transport.write(out)
 
-    async def _handle_frame(self, frame: bytes) -> bytes | None:
+    async def _handle_frame(self, frame: bytes) -> bytes | list[Any] | None:
         broker = self.broker
         try:
             request = decode_request(frame, broker.supported_versions)
@@ -114,6 +124,8 @@ class KafkaConnection(asyncio.Protocol):
             result = await result
         if result is None:  # acks=0 produce: no response at all
             return None
+        if request.api_key == API_FETCH and isinstance(result, dict):
+            return encode_fetch_response(request.api_version, request.correlation_id, result)
         if isinstance(result, dict):
             result = build_response(request.api_key, request.api_version, result)
         return encode_response(request.api_key, request.api_version, request.correlation_id, result)

@@ -274,12 +274,20 @@ class PartitionLog:
     def read(self, fetch_offset: int, max_bytes: int, *, max_offset: int | None = None,
              min_one_message: bool = True) -> FetchData:
         """Whole batches from the one containing ``fetch_offset``; see the module docstring."""
+        records, first = self.read_view(fetch_offset, max_bytes, max_offset=max_offset,
+                                        min_one_message=min_one_message)
+        return FetchData(records.tobytes() if isinstance(records, memoryview) else records, first)
+
+    def read_view(self, fetch_offset: int, max_bytes: int, *, max_offset: int | None = None,
+                  min_one_message: bool = True) -> tuple[bytes | memoryview, int]:
+        """As :meth:`read`, but the records may be a memoryview of the one buffer read from the
+        segment (no copy when the read is trimmed to whole batches): the fetch path sends it as is."""
         if fetch_offset < self.log_start_offset or fetch_offset > self.log_end_offset:
             raise OffsetOutOfRangeError(
                 f"offset {fetch_offset} outside [{self.log_start_offset}, {self.log_end_offset}] of {self.name}")
         limit = self.log_end_offset if max_offset is None else min(max_offset, self.log_end_offset)
         if fetch_offset >= limit:
-            return FetchData(b"", fetch_offset)
+            return b"", fetch_offset
         i = self._segment_for(fetch_offset)
         while i < len(self.segments):
             seg = self.segments[i]
@@ -289,19 +297,19 @@ class PartitionLog:
                 continue
             start, first = found
             if first.base_offset >= limit:
-                return FetchData(b"", fetch_offset)
+                return b"", fetch_offset
             if first.size > max_bytes:
                 if not min_one_message:
-                    return FetchData(b"", fetch_offset)
-                return FetchData(seg.pread(start, first.size), first.base_offset)
+                    return b"", fetch_offset
+                return seg.pread(start, first.size), first.base_offset
             data = seg.pread(start, min(max_bytes, seg.size - start))
             end = 0
             for pos, header in rb.iter_headers(data):
                 if header.base_offset >= limit:
                     break
                 end = pos + header.size
-            return FetchData(data[:end] if end != len(data) else data, first.base_offset)
-        return FetchData(b"", fetch_offset)
+            return (memoryview(data)[:end] if end != len(data) else data), first.base_offset
+        return b"", fetch_offset
 
     def aborted_transactions(self, fetch_offset: int, upper_bound_offset: int) -> list[tuple[int, int]]:
         """(producer_id, first_offset) of aborted transactions overlapping [fetch_offset, upper_bound)."""

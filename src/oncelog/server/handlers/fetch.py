@@ -54,17 +54,17 @@ def read_fetch(broker: Broker, body: Any, isolation_level: int,
                 parts.append(_partition_error(index, ErrorCode.offset_out_of_range, plog))
                 errored = True
                 continue
-            data = b""
+            data: bytes | memoryview = b""
             aborted = None
             if fetch_offset < upper and remaining > 0:
                 limit = min(fp.partition_max_bytes, remaining)
                 try:
-                    fd = plog.read(fetch_offset, limit, max_offset=upper, min_one_message=(total == 0))
+                    data, _first = plog.read_view(fetch_offset, limit, max_offset=upper,
+                                                  min_one_message=(total == 0))
                 except storage_errors.OffsetOutOfRangeError:
                     parts.append(_partition_error(index, ErrorCode.offset_out_of_range, plog))
                     errored = True
                     continue
-                data = fd.records
                 if data and isolation_level == READ_COMMITTED:
                     aborted = [{"producer_id": pid, "first_offset": first}
                                for pid, first in plog.aborted_transactions(fetch_offset, upper)]
