@@ -10,9 +10,9 @@ from pathlib import Path
 from oncelog.demo.cli import (
     Outcome,
     add_arguments,
+    db_totals,
     payments,
     reset_tables,
-    sqlite_totals,
     totals_of,
     write_html,
     wrong,
@@ -49,10 +49,11 @@ def test_totals_tables_and_report(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:
         conn.execute('CREATE TABLE totals_exactly_once (account, "count", total)')
         conn.execute("INSERT INTO totals_exactly_once VALUES ('a', 2, 7)")
-    assert sqlite_totals(db, "totals_exactly_once") == {"a": (2, 7)}
-    assert sqlite_totals(db, "totals_at_least_once") == {}, "a table never written reads as empty"
-    reset_tables(db, ["exactly_once"])
-    assert sqlite_totals(db, "totals_exactly_once") == {}
+    url = f"sqlite:///{db}"
+    assert db_totals(url, "totals_exactly_once") == {"a": (2, 7)}
+    assert db_totals(url, "totals_at_least_once") == {}, "a table never written reads as empty"
+    reset_tables(url, ["exactly_once"])
+    assert db_totals(url, "totals_exactly_once") == {}
     p = argparse.ArgumentParser()
     add_arguments(p)
     args = p.parse_args(["--records", "10"])
@@ -63,3 +64,15 @@ def test_totals_tables_and_report(tmp_path: Path) -> None:
     write_html(tmp_path / "r.html", [good, bad, repeated], args)
     text = (tmp_path / "r.html").read_text()
     assert "exactly_once" in text and "inexact" in text and "0/5" in text and "total updates repeated" in text
+
+
+def test_totals_tables_on_postgresql(postgres_url: str) -> None:
+    import psycopg
+
+    with psycopg.connect(postgres_url) as pg:
+        pg.execute('CREATE TABLE totals_exactly_once (account text, "count" bigint, total bigint)')
+        pg.execute("INSERT INTO totals_exactly_once VALUES ('a', 2, 7)")
+    assert db_totals(postgres_url, "totals_exactly_once") == {"a": (2, 7)}
+    assert db_totals(postgres_url, "totals_at_most_once") == {}
+    reset_tables(postgres_url, ["exactly_once", "at_most_once"])
+    assert db_totals(postgres_url, "totals_exactly_once") == {}

@@ -57,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", type=Path, default=Path("oncelog-demo-report.html"), help="HTML report path")
     p.add_argument("--sqlite", type=Path, default=Path("oncelog-demo-totals.sqlite"),
                    help="SQLite file for the totals per guarantee and account")
+    p.add_argument("--database", default="",
+                   help="database URL for the totals instead of the SQLite file, e.g. "
+                        "postgresql://user@127.0.0.1:5432/db (tables totals_<guarantee> are replaced)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (broker data, logs)")
     p.add_argument("--drop-acks", type=float, default=0.03,
                    help="probability that the proxy between the job and the broker drops a Produce or EndTxn "
@@ -118,21 +121,40 @@ def totals_of(values: list[bytes]) -> dict[str, int]:
     return dict(t)
 
 
-def reset_tables(db: Path, guarantees: list[str]) -> None:
+def _sql(url: str, statements: list[str], fetch: bool = False) -> list[tuple[Any, ...]]:
+    """Run ``statements`` on a sqlite:/// or postgresql:// database; rows of the last if ``fetch``."""
+    rows: list[tuple[Any, ...]] = []
+    if url.startswith("sqlite:///"):
+        with sqlite3.connect(url[len("sqlite:///"):]) as conn:
+            for st in statements:
+                cur = conn.execute(st)
+            if fetch:
+                rows = cur.fetchall()
+        return rows
+    import psycopg
+
+    with psycopg.connect(url) as pg:
+        for st in statements:
+            pcur = pg.execute(st)
+        if fetch:
+            rows = pcur.fetchall()
+    return rows
+
+
+def reset_tables(url: str, guarantees: list[str]) -> None:
     """Each run starts its totals tables empty (query ids are new each run, so old batches would not clash,
     but accounts of an earlier run with other settings would linger)."""
-    with sqlite3.connect(db) as conn:
-        for g in guarantees:
-            conn.execute(f"DROP TABLE IF EXISTS totals_{g}")
-        conn.execute("DROP TABLE IF EXISTS oncelog_batches")
+    _sql(url, [f"DROP TABLE IF EXISTS totals_{g}" for g in guarantees] + ["DROP TABLE IF EXISTS oncelog_batches"])
 
 
-def sqlite_totals(db: Path, table: str) -> dict[str, tuple[int, int]]:
-    with sqlite3.connect(db) as conn:
-        try:
-            rows = conn.execute(f'SELECT account, "count", total FROM {table}').fetchall()
-        except sqlite3.OperationalError:  # never written (a failed run)
+def db_totals(url: str, table: str) -> dict[str, tuple[int, int]]:
+    """(count, total) per account in ``table``; empty if the table was never written (a failed run)."""
+    try:
+        rows = _sql(url, [f'SELECT account, "count", total FROM {table}'], fetch=True)
+    except Exception as exc:  # sqlite3.OperationalError / psycopg.errors.UndefinedTable
+        if "no such table" in str(exc) or "does not exist" in str(exc):
             return {}
+        raise
     return {a: (int(c), int(t)) for a, c, t in rows}
 
 
@@ -170,7 +192,8 @@ def run(args: argparse.Namespace) -> int:
         console = Console(width=140)  # a log file or CI: do not squeeze the table to 80 columns
     guarantees = [g.strip() for g in args.guarantees.split(",") if g.strip()]
     work = Path(tempfile.mkdtemp(prefix="oncelog-demo-"))
-    db = args.sqlite
+    db_url = args.database or f"sqlite:///{args.sqlite.resolve()}"
+    db_name = "the database" if args.database else "SQLite"
     broker = oncelog_broker(work / "broker", "--auto-create-topics", log_path=work / "broker.log")
     outcomes: list[Outcome] = []
     proxy = None
@@ -186,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
             expected_values = [v for _k, v in events]
             expected_totals = totals_of(expected_values)
             expected_accounts = expected_per_account(expected_values)
-            reset_tables(db, guarantees)
+            reset_tables(db_url, guarantees)
             console.log(f"{len(events)} committed payments, {args.accounts} accounts")
             job_bs = bs
             dropped_before = 0
@@ -213,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
                        "--output", out_topic, "--checkpoint", str(work / f"ckpt-{g}"), "--guarantee", g,
                        "--max-offsets", str(args.max_offsets), "--delay-ms", "1000",
                        "--progress-topic", progress_topic, "--totals-output", totals_topic,
-                       "--database", f"sqlite:///{db.resolve()}", "--table", f"totals_{g}"]
+                       "--database", db_url, "--table", f"totals_{g}"]
                 # at_most_once records progress before writing (acks=0): its progress topic shows a batch start.
                 watch = [progress_topic] if g == "at_most_once" else [out_topic, totals_topic]
                 def on_event(msg: str, g: str = g) -> None:
@@ -230,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
                             wrong(ledger_sums, expected_totals), report.seconds,
                             repeated_updates=repeated_updates(updates),
                             wrong_totals_topic=wrong(latest_per_account(updates), expected_accounts),
-                            wrong_totals_sqlite=wrong(sqlite_totals(db, f"totals_{g}"), expected_accounts))
+                            wrong_totals_sqlite=wrong(db_totals(db_url, f"totals_{g}"), expected_accounts))
                 if proxy is not None:
                     o.dropped_acks = proxy.stats.dropped_responses - dropped_before
                     dropped_before = proxy.stats.dropped_responses
@@ -241,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
                 console.log(f"{g}: done in {o.seconds:.0f}s: ledger {o.records_out} out, {lost} lost, "
                             f"{dup} duplicated, {o.wrong_accounts} accounts' sums wrong; totals: "
                             f"{o.repeated_updates} repeated updates, {o.wrong_totals_topic} wrong in the topic, "
-                            f"{o.wrong_totals_sqlite} wrong in SQLite; zombie attempt: {o.zombie_lost} lost, "
+                            f"{o.wrong_totals_sqlite} wrong in {db_name}; zombie attempt: {o.zombie_lost} lost, "
                             f"{o.zombie_duplicated} duplicated")
     finally:
         if proxy is not None:
@@ -257,7 +280,8 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(*map(str, o.cells()[:-1]), verdict)
     console.print(table)
     write_html(args.report, outcomes, args)
-    console.print(f"report: {args.report.resolve()}   totals in SQLite: {db.resolve()} (tables totals_<guarantee>)")
+    where = args.database.split("@")[-1] if args.database else str(args.sqlite.resolve())
+    console.print(f"report: {args.report.resolve()}   totals in {db_name}: {where} (tables totals_<guarantee>)")
     if args.keep:
         console.print(f"work directory kept: {work}")
     else:
