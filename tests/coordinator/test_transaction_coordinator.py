@@ -252,3 +252,71 @@ def test_producer_ids_are_never_reused_across_restarts(tmp_path: Path) -> None:
     more = [second.next_producer_id() for _ in range(15)]
     assert not set(ids) & set(more)
     assert more == sorted(more) and more[0] == 10
+
+
+def test_zombie_reinit_with_its_old_epoch_is_fenced_when_the_new_instance_is_idle() -> None:
+    """KIP-360 path of a zombie: A inits (epoch 0), B inits afresh (epoch 1); A re-inits with (pid, 0).
+
+    A fresh InitProducerId records last_producer_epoch = -1, so A's epoch is no longer a "retry of the
+    last bump" and A is fenced; B keeps epoch 1 and nobody else gets it."""
+    h = Harness()
+    pid = h.init().producer_id          # instance A
+    b = h.init()                        # instance B, fresh
+    assert (b.producer_id, b.producer_epoch) == (pid, 1)
+    assert h.state().last_producer_epoch == -1
+    r = h.init(pid=pid, epoch=0)        # A, after an abortable error
+    assert r.error == ErrorCode.producer_fenced
+    assert (h.state().producer_epoch, h.state().state) == (1, S.EMPTY)
+    # B is untouched: it can run and commit a transaction at epoch 1
+    h.apply(h.tc.add_partitions_to_txn("a", pid, 1, [TP]))
+    assert h.apply(h.tc.end_txn("a", pid, 1, committed=True)).error == ErrorCode.none
+
+
+def test_zombie_reinit_does_not_abort_the_new_instances_open_transaction() -> None:
+    h = Harness()
+    pid = h.init().producer_id          # A
+    h.init()                            # B: epoch 1
+    h.apply(h.tc.add_partitions_to_txn("a", pid, 1, [TP]))
+    records_before = len(h.log)
+    r = h.init(pid=pid, epoch=0)        # A's KIP-360 re-init while B's transaction is open
+    assert r.error == ErrorCode.producer_fenced
+    assert len(h.log) == records_before and h.markers == []
+    assert (h.state().state, h.state().producer_epoch) == (S.ONGOING, 1)
+    assert h.apply(h.tc.end_txn("a", pid, 1, committed=True)).error == ErrorCode.none
+    assert h.markers == [(pid, 1, True, frozenset({TP}))]
+
+
+def test_reinit_after_a_fence_by_timeout_or_init_is_fenced() -> None:
+    """The fence (InitProducerId during a transaction, a timeout, an admin abort) also clears the last epoch."""
+    clock = ManualClock()
+    h = Harness(clock)
+    pid = h.init(timeout=1000).producer_id
+    h.apply(h.tc.add_partitions_to_txn("a", pid, 0, [TP]))
+    clock.advance(1001)
+    for r in h.tc.expire(clock.now_ms()):
+        h.apply(r)
+    assert (h.state().producer_epoch, h.state().last_producer_epoch) == (1, -1)
+    assert h.init(pid=pid, epoch=0).error == ErrorCode.producer_fenced
+
+
+def test_init_with_only_one_of_producer_id_and_epoch_is_an_invalid_request() -> None:
+    h = Harness()
+    pid = h.init().producer_id
+    assert h.init(pid=pid, epoch=-1).error == ErrorCode.invalid_request
+    assert h.init(pid=-1, epoch=0).error == ErrorCode.invalid_request
+
+
+def test_retry_of_a_kip_360_bump_after_epoch_exhaustion_gets_the_new_producer_id() -> None:
+    h = Harness()
+    pid = h.init().producer_id
+    meta = h.state()
+    from oncelog.coordinator.transaction import log as txnlog
+
+    at_max = TransactionMetadata(**{**{f: getattr(meta, f) for f in meta.__dataclass_fields__},
+                                    "producer_epoch": MAX_PRODUCER_EPOCH})
+    h.tc.replay(txnlog.encode_key("a"), txnlog.encode_value(at_max))
+    r = h.init(pid=pid, epoch=MAX_PRODUCER_EPOCH)
+    assert r.error == ErrorCode.none and r.producer_id != pid and r.producer_epoch == 0
+    again = h.init(pid=pid, epoch=MAX_PRODUCER_EPOCH)  # the response was lost; the retry
+    assert (again.error, again.producer_id, again.producer_epoch) == (ErrorCode.none, r.producer_id, 0)
+    assert h.init(pid=pid, epoch=MAX_PRODUCER_EPOCH - 1).error == ErrorCode.producer_fenced

@@ -103,6 +103,20 @@ class TransactionCoordinator:
     # --- InitProducerId -------------------------------------------------------------------------
     def init_producer_id(self, transactional_id: str | None, transaction_timeout_ms: int,
                          producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH) -> TxnResult:
+        """InitProducerId, fresh (no producer id/epoch) or KIP-360 re-init (the caller's current ones).
+
+        Invariants (Kafka's TransactionCoordinator, made stricter where it let a zombie in):
+        - A fresh init and every fence (an init that finds a transaction open, a timeout, an admin
+          abort) set ``last_producer_epoch`` to -1: afterwards no earlier incarnation's epoch can be
+          taken for a retry of the last bump.
+        - A re-init is valid only with the current (producer id, epoch), or with the epoch of the
+          last KIP-360 bump (a retry whose answer was lost: answered again without a new bump).
+          Anything else is PRODUCER_FENCED and changes nothing, whatever the state: a zombie cannot
+          take, bump or abort the current instance's epoch or transaction.
+        - At most one epoch per transactional id is live: the one in the newest record.
+        """
+        if (producer_id == NO_PRODUCER_ID) != (producer_epoch == NO_PRODUCER_EPOCH):
+            return TxnResult(ErrorCode.invalid_request)
         if not transactional_id:
             return TxnResult(producer_id=self.producer_ids.next_producer_id(), producer_epoch=0)
         if not 0 < transaction_timeout_ms <= self.transaction_max_timeout_ms:
@@ -113,15 +127,15 @@ class TransactionCoordinator:
             new = TransactionMetadata(transactional_id, self.producer_ids.next_producer_id(), NO_PRODUCER_ID, 0,
                                       NO_PRODUCER_EPOCH, transaction_timeout_ms, S.EMPTY, frozenset(), -1, now)
             return TxnResult(producer_id=new.producer_id, producer_epoch=0, records=[_record(new)])
-        if producer_id != NO_PRODUCER_ID:
+        expected = producer_id != NO_PRODUCER_ID
+        retried = False
+        if expected:
             current = (producer_id, producer_epoch) == (meta.producer_id, meta.producer_epoch)
-            retried = producer_epoch == meta.last_producer_epoch and producer_id in (
-                meta.producer_id, meta.previous_producer_id)
+            retried = not current and meta.last_producer_epoch != NO_PRODUCER_EPOCH and \
+                producer_epoch == meta.last_producer_epoch and \
+                producer_id in (meta.producer_id, meta.previous_producer_id)
             if not current and not retried:
                 return TxnResult(ErrorCode.producer_fenced)
-            if retried and not current and meta.state in (S.EMPTY, S.COMPLETE_ABORT, S.COMPLETE_COMMIT):
-                # The bump for this request already happened; answer it again (KIP-360 retry).
-                return TxnResult(producer_id=meta.producer_id, producer_epoch=meta.producer_epoch)
         if meta.is_prepare or meta.state is S.PREPARE_EPOCH_FENCE:
             return TxnResult(ErrorCode.concurrent_transactions)
         if meta.state is S.ONGOING:
@@ -130,23 +144,29 @@ class TransactionCoordinator:
             result = self._abort_with_bump(meta, now)
             result.error = ErrorCode.concurrent_transactions
             return result
+        if retried:
+            # The bump for this request already happened; answer it again (KIP-360 retry).
+            return TxnResult(producer_id=meta.producer_id, producer_epoch=meta.producer_epoch)
+        last_epoch = meta.producer_epoch if expected else NO_PRODUCER_EPOCH
         if meta.producer_epoch >= MAX_PRODUCER_EPOCH:
             new = meta.transition(S.EMPTY, producer_id=self.producer_ids.next_producer_id(),
                                   previous_producer_id=meta.producer_id, producer_epoch=0,
-                                  last_producer_epoch=meta.producer_epoch, txn_timeout_ms=transaction_timeout_ms,
+                                  last_producer_epoch=last_epoch, txn_timeout_ms=transaction_timeout_ms,
                                   topic_partitions=frozenset(), txn_start_timestamp_ms=-1,
                                   txn_last_update_timestamp_ms=now)
         else:
             new = meta.transition(S.EMPTY, producer_epoch=meta.producer_epoch + 1,
-                                  last_producer_epoch=meta.producer_epoch, txn_timeout_ms=transaction_timeout_ms,
+                                  last_producer_epoch=last_epoch, txn_timeout_ms=transaction_timeout_ms,
                                   topic_partitions=frozenset(), txn_start_timestamp_ms=-1,
                                   txn_last_update_timestamp_ms=now)
         return TxnResult(producer_id=new.producer_id, producer_epoch=new.producer_epoch, records=[_record(new)])
 
     def _abort_with_bump(self, meta: TransactionMetadata, now: int) -> TxnResult:
         # At the last epoch no bump is possible; the next InitProducerId allocates a new id.
+        # A fence clears the last epoch (Kafka's prepareFenceProducerEpoch): the fenced incarnation's
+        # epoch must never pass for a retry of a KIP-360 bump.
         epoch = min(meta.producer_epoch + 1, MAX_PRODUCER_EPOCH)
-        new = meta.transition(S.PREPARE_ABORT, producer_epoch=epoch, last_producer_epoch=meta.producer_epoch,
+        new = meta.transition(S.PREPARE_ABORT, producer_epoch=epoch, last_producer_epoch=NO_PRODUCER_EPOCH,
                               txn_last_update_timestamp_ms=now)
         return TxnResult(producer_id=new.producer_id, producer_epoch=epoch, records=[_record(new)],
                          markers=[self._markers(new, commit=False)])
