@@ -39,6 +39,10 @@ class ProducerIdManager:
         self._next += 1
         return pid
 
+    def is_allocated(self, producer_id: int) -> bool:
+        """True if ``producer_id`` may have been handed out (by this or an earlier run)."""
+        return 0 <= producer_id < self._next
+
     def _persist(self, value: int) -> None:
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w") as f:
@@ -63,3 +67,6 @@ class InMemoryProducerIdManager:
         pid = self._next
         self._next += 1
         return pid
+
+    def is_allocated(self, producer_id: int) -> bool:
+        return 0 <= producer_id < self._next

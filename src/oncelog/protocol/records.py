@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import crc32c
 
@@ -246,8 +247,34 @@ def build_control_batch(control_type: int, *, producer_id: int, producer_epoch: 
                        producer_epoch=producer_epoch, base_sequence=NO_SEQUENCE)
 
 
+class ControlMarker(NamedTuple):
+    """A transaction marker: CONTROL_ABORT or CONTROL_COMMIT, and the coordinator epoch in its value."""
+
+    type: int
+    coordinator_epoch: int
+
+
+def read_control_marker(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> ControlMarker:
+    """Type and coordinator epoch of the control batch at ``pos`` (value: version i16, epoch i32)."""
+    ctype, p = _control_key(buf, pos, header)
+    end = pos + header.size
+    try:
+        value_len, p = _read_varint(buf, p)
+    except IndexError:
+        raise InvalidRecordError("malformed control record value") from None
+    if value_len < 6 or p + 6 > end:
+        raise InvalidRecordError("malformed control record value")
+    _version, coordinator_epoch = struct.unpack_from(">hi", buf, p)
+    return ControlMarker(ctype, int(coordinator_epoch))
+
+
 def control_type_of(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> int:
-    """Return CONTROL_ABORT or CONTROL_COMMIT for a control batch written by build_control_batch.
+    """Return CONTROL_ABORT or CONTROL_COMMIT for a control batch written by build_control_batch."""
+    return _control_key(buf, pos, header)[0]
+
+
+def _control_key(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> tuple[int, int]:
+    """(control type, position after the key) of the control batch at ``pos``.
 
     The first record starts right after the header: length varint, attributes, ts delta varint,
     offset delta varint, key length varint (4 -> zig-zag 8), then the key's 4 bytes.
@@ -270,7 +297,7 @@ def control_type_of(buf: bytes | bytearray | memoryview, pos: int, header: Batch
     _version, ctype = struct.unpack_from(">hh", buf, p)
     if ctype not in (CONTROL_ABORT, CONTROL_COMMIT):
         raise InvalidRecordError(f"unknown control record type {ctype}")
-    return int(ctype)
+    return int(ctype), p + 4
 
 
 def _read_varint(buf: bytes | bytearray | memoryview, p: int) -> tuple[int, int]:

@@ -95,9 +95,15 @@ class Coordination:
         pending = self.txn.pending_markers()
         log.info("loaded %d transaction log record(s); %d transaction(s) to complete", n, len(pending))
         for markers in pending:
-            self._write_markers(markers)
-            self.apply_txn_result(self.txn.markers_written(
-                markers.transactional_id, markers.producer_id, markers.producer_epoch, markers.commit))
+            try:
+                self._write_markers(markers)
+                self.apply_txn_result(self.txn.markers_written(
+                    markers.transactional_id, markers.producer_id, markers.producer_epoch, markers.commit))
+            except Exception:
+                # Nothing a client wrote may stop the broker from starting; the transaction stays in
+                # Prepare* and is completed on the next start (or aborted by an admin).
+                log.exception("could not complete transaction %r at load; it stays %s",
+                              markers.transactional_id, "PrepareCommit" if markers.commit else "PrepareAbort")
 
     # --- transactions ---------------------------------------------------------------------------
     def apply_txn_result(self, result: Any) -> None:
@@ -115,6 +121,14 @@ class Coordination:
                 markers.transactional_id, markers.producer_id, markers.producer_epoch, markers.commit))
 
     def _write_markers(self, markers: Any) -> None:
+        """Append the COMMIT/ABORT marker to every partition of the transaction.
+
+        Never raises because of what a partition holds: a partition that refuses the coordinator's
+        marker (a higher producer epoch there, written by someone who is not this transaction's
+        producer) cannot hold data of this transaction at this epoch, so it is skipped with a
+        warning, as Kafka's marker channel gives up on a partition answering INVALID_PRODUCER_EPOCH,
+        rather than leave the transaction in Prepare* and its other partitions' LSO stuck.
+        """
         now = self.broker.clock.now_ms()
         control = rb.CONTROL_COMMIT if markers.commit else rb.CONTROL_ABORT
         for topic, partition in sorted(markers.partitions):
@@ -124,24 +138,61 @@ class Coordination:
             batch = rb.build_control_batch(control, producer_id=markers.producer_id,
                                            producer_epoch=markers.producer_epoch,
                                            coordinator_epoch=markers.coordinator_epoch, timestamp_ms=now)
-            plog.append(batch, origin=AppendOrigin.COORDINATOR)
+            try:
+                plog.append(batch, origin=AppendOrigin.COORDINATOR)
+            except ProducerStateError as exc:
+                log.warning("%s-%d refused the %s marker of transaction %r (producer %d, epoch %d): %s; "
+                            "skipping that partition", topic, partition, "COMMIT" if markers.commit else "ABORT",
+                            markers.transactional_id, markers.producer_id, markers.producer_epoch, exc)
+                continue
             self.on_marker(topic, partition, markers.producer_id, markers.commit)
             self.broker.notify_append((topic, partition))
 
     def write_marker(self, topic: str, partition: int, producer_id: int, producer_epoch: int,
                      coordinator_epoch: int, commit: bool) -> ErrorCode:
-        """One marker written on an admin's request (WriteTxnMarkers); refused if it would fence."""
+        """A marker asked for by a client (WriteTxnMarkers: ``oncelog transactions abort``, Kafka's
+        admin abortTransaction). Markers are the coordinator's to write, so a client gets less:
+
+        - COMMIT: never (CLUSTER_AUTHORIZATION_FAILED); only the coordinator may commit.
+        - ABORT of a transaction the coordinator tracks as Ongoing on that partition, at its epoch:
+          the coordinator aborts the WHOLE transaction (epoch bump, markers on every partition),
+          never one partition alone (which would tear it when the producer then commits).
+          In PrepareCommit/PrepareAbort: CONCURRENT_TRANSACTIONS (it is being completed).
+        - ABORT of a hanging transaction (open in the partition, unknown to the coordinator): only
+          at the exact producer epoch of the open transaction, so a guessed epoch cannot fence a
+          live producer in that partition; otherwise INVALID_PRODUCER_EPOCH / INVALID_TXN_STATE.
+        """
         plog = self.broker.logs.get_partition(topic, partition)
         if plog is None:
             return ErrorCode.unknown_topic_or_partition
-        batch = rb.build_control_batch(rb.CONTROL_COMMIT if commit else rb.CONTROL_ABORT, producer_id=producer_id,
+        if commit:
+            return ErrorCode.cluster_authorization_failed
+        tid = self.txn.transactional_id_of(producer_id)
+        meta = self.txn.state_of(tid) if tid is not None else None
+        if meta is not None and (topic, partition) in meta.topic_partitions and \
+                meta.state.value in ("Ongoing", "PrepareCommit", "PrepareAbort"):
+            if producer_epoch != meta.producer_epoch:
+                return ErrorCode.invalid_producer_epoch
+            if meta.state.value != "Ongoing":
+                return ErrorCode.concurrent_transactions
+            result = self.txn.abort_transaction(meta.transactional_id)
+            self.apply_txn_result(result)
+            return result.error
+        entry = plog.producer_state.producers.get(producer_id)
+        if entry is None or entry.current_txn_first_offset is None:
+            return ErrorCode.invalid_txn_state
+        if producer_epoch != entry.producer_epoch:
+            return ErrorCode.invalid_producer_epoch
+        batch = rb.build_control_batch(rb.CONTROL_ABORT, producer_id=producer_id,
                                        producer_epoch=producer_epoch, coordinator_epoch=coordinator_epoch,
                                        timestamp_ms=self.broker.clock.now_ms())
         try:
             plog.append(batch, origin=AppendOrigin.COORDINATOR)
         except ProducerStateError as exc:
             return ErrorCode(exc.error_code)
-        self.on_marker(topic, partition, producer_id, commit)
+        log.warning("aborted the hanging transaction of producer %d (epoch %d) in %s-%d on a client's request",
+                    producer_id, producer_epoch, topic, partition)
+        self.on_marker(topic, partition, producer_id, False)
         self.broker.notify_append((topic, partition))
         return ErrorCode.none
 

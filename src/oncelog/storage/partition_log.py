@@ -193,7 +193,7 @@ class PartitionLog:
                 continue
             control = None
             if header.is_control:
-                control = rb.control_type_of(seg.pread(pos, header.size), 0, header)
+                control = rb.read_control_marker(seg.pread(pos, header.size), 0, header)
             plan = self.producer_state.prepare([header], AppendOrigin.REPLAY, [control])
             lso_before = self.last_stable_offset
             for done in self.producer_state.complete(plan, [header.base_offset]):
@@ -207,7 +207,7 @@ class PartitionLog:
         """Validate and append whole batches; offsets are assigned here. See the module docstring."""
         batches = rb.split_batches(records)
         max_bytes = self.config.max_message_bytes
-        controls: list[int | None] = []
+        controls: list[rb.ControlMarker | None] = []
         needs_producer_state = False
         for pos, header in batches:
             if header.size > max_bytes:
@@ -215,7 +215,7 @@ class PartitionLog:
             if header.is_control:
                 if origin is AppendOrigin.CLIENT:
                     raise rb.InvalidRecordError("clients may not write control batches")
-                controls.append(rb.control_type_of(records, pos, header))
+                controls.append(rb.read_control_marker(records, pos, header))
             else:
                 controls.append(None)
             if header.producer_id >= 0:

@@ -84,7 +84,7 @@ class AppendPlan:
     """What ``complete`` will apply; ``duplicate`` is set when the append must be skipped."""
 
     duplicate: tuple[int, int] | None = None
-    steps: list[tuple[int, rb.BatchHeader, int | None]] = field(default_factory=list)
+    steps: list[tuple[int, rb.BatchHeader, rb.ControlMarker | None]] = field(default_factory=list)
 
 
 def _in_sequence(last_seq: int, next_seq: int) -> bool:
@@ -98,7 +98,7 @@ class ProducerStateManager:
 
     # --- validation ------------------------------------------------------------------------------
     def prepare(self, headers: list[rb.BatchHeader], origin: AppendOrigin,
-                control_types: list[int | None]) -> AppendPlan:
+                control_types: list[rb.ControlMarker | None]) -> AppendPlan:
         """Check ``headers`` (offsets not yet assigned) against scratch state; raise on refusal."""
         scratch: dict[int, ProducerStateEntry] = {}
         plan = AppendPlan()
@@ -125,7 +125,7 @@ class ProducerStateManager:
         return plan
 
     def _check(self, entry: ProducerStateEntry, header: rb.BatchHeader, origin: AppendOrigin,
-               control: int | None, n_batches: int) -> None:
+               control: rb.ControlMarker | None, n_batches: int) -> None:
         epoch = header.producer_epoch
         known = entry.producer_epoch >= 0
         if known and epoch < entry.producer_epoch:
@@ -135,6 +135,11 @@ class ProducerStateManager:
         if control is not None:
             if origin is AppendOrigin.CLIENT:
                 raise ProducerStateError(ErrorCode.invalid_record, "clients may not write control batches")
+            if control.coordinator_epoch < entry.coordinator_epoch:
+                raise ProducerStateError(
+                    ErrorCode.transaction_coordinator_fenced,
+                    f"marker for producer {entry.producer_id} from coordinator epoch {control.coordinator_epoch}, "
+                    f"older than {entry.coordinator_epoch}")
             return
         if header.is_transactional:
             pass
@@ -167,7 +172,7 @@ class ProducerStateManager:
 
     # --- application -----------------------------------------------------------------------------
     @staticmethod
-    def _apply_to(entry: ProducerStateEntry, header: rb.BatchHeader, control: int | None,
+    def _apply_to(entry: ProducerStateEntry, header: rb.BatchHeader, control: rb.ControlMarker | None,
                   first_offset: int | None) -> CompletedTxn | None:
         if header.producer_epoch != entry.producer_epoch:
             if header.producer_epoch > entry.producer_epoch:
@@ -176,9 +181,10 @@ class ProducerStateManager:
         entry.last_timestamp = max(entry.last_timestamp, header.max_timestamp)
         if control is not None:
             done = None
+            entry.coordinator_epoch = control.coordinator_epoch
             if entry.current_txn_first_offset is not None and first_offset is not None:
                 done = CompletedTxn(entry.producer_id, entry.current_txn_first_offset, first_offset,
-                                    control == rb.CONTROL_ABORT)
+                                    control.type == rb.CONTROL_ABORT)
             entry.current_txn_first_offset = None
             return done
         if header.is_transactional and entry.current_txn_first_offset is None:

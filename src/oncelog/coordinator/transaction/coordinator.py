@@ -38,6 +38,8 @@ TopicPartition = tuple[str, int]
 class ProducerIds(Protocol):
     def next_producer_id(self) -> int: ...
 
+    def is_allocated(self, producer_id: int) -> bool: ...
+
 
 @dataclass(frozen=True, slots=True)
 class WriteMarkers:
@@ -99,6 +101,10 @@ class TransactionCoordinator:
 
     def state_of(self, transactional_id: str) -> TransactionMetadata | None:
         return self.transactions.get(transactional_id)
+
+    def transactional_id_of(self, producer_id: int) -> str | None:
+        """The transactional id whose current producer id is ``producer_id``, if any."""
+        return self._by_producer_id.get(producer_id)
 
     # --- InitProducerId -------------------------------------------------------------------------
     def init_producer_id(self, transactional_id: str | None, transaction_timeout_ms: int,
@@ -266,7 +272,28 @@ class TransactionCoordinator:
             return TxnResult(ErrorCode.invalid_txn_state)
         return self._abort_with_bump(meta, self.clock.now_ms())
 
-    # --- KIP-890: the produce-side check --------------------------------------------------------
+    # --- the produce-side checks (KIP-890, producer id ownership) --------------------------------
+    def check_produce(self, producer_id: int, producer_epoch: int, transactional: bool, topic: str,
+                      partition: int) -> ErrorCode:
+        """NONE if a batch with these producer fields may be appended to ``topic``-``partition``.
+
+        - A producer id this broker never handed out is refused (INVALID_PRODUCER_ID_MAPPING): a
+          stranger guessing ids must not seed state that a later owner of the id would trip over.
+        - A non-transactional batch carrying a transactional producer's id is refused the same way:
+          only the coordinator decides that producer's epochs, and a stranger's higher epoch in a
+          partition would otherwise refuse the coordinator's COMMIT marker.
+        - A transactional batch must pass KIP-890 (:meth:`is_partition_in_transaction`).
+        """
+        if producer_id < 0:
+            return ErrorCode.none
+        if not self.producer_ids.is_allocated(producer_id):
+            return ErrorCode.invalid_producer_id_mapping
+        if transactional:
+            return self.is_partition_in_transaction(producer_id, producer_epoch, topic, partition)
+        if producer_id in self._by_producer_id:
+            return ErrorCode.invalid_producer_id_mapping
+        return ErrorCode.none
+
     def is_partition_in_transaction(self, producer_id: int, producer_epoch: int, topic: str,
                                     partition: int) -> ErrorCode:
         """NONE if this producer's ongoing transaction contains the partition.

@@ -46,12 +46,16 @@ def produce_partition(broker: Broker, topic: str, partition: int, data: bytes | 
     if first.magic != records.MAGIC_V2:
         return _error(partition, ErrorCode.unsupported_for_message_format,
                       "only RecordBatch v2 (magic 2) is supported")
-    if first.is_transactional:
-        if transactional_id is None:
-            return _error(partition, ErrorCode.invalid_request, "transactional batch without a transactional id")
-        code = broker.check_transactional_produce(first.producer_id, first.producer_epoch, topic, partition)
-        if code != ErrorCode.none:
-            return _error(partition, code)
+    if first.size < len(data):
+        # Produce v3+ carries exactly one batch per partition (Kafka's ProduceRequest validation);
+        # checks below that look at the batch's producer would otherwise see only the first one.
+        return _error(partition, ErrorCode.invalid_record,
+                      "a produce request (v3+) must contain exactly one record batch per partition")
+    if first.is_transactional and transactional_id is None:
+        return _error(partition, ErrorCode.invalid_request, "transactional batch without a transactional id")
+    code = broker.check_produce(first.producer_id, first.producer_epoch, first.is_transactional, topic, partition)
+    if code != ErrorCode.none:
+        return _error(partition, code)
     try:
         result = plog.append(data)
     except records.InvalidRecordError as exc:

@@ -115,8 +115,8 @@ def handle_list_transactions(broker: Broker, req: Request) -> dict[str, Any]:
 
 
 def handle_write_txn_markers(broker: Broker, req: Request) -> dict[str, Any]:
-    """Write COMMIT/ABORT markers directly (Kafka's inter-broker API; used by `transactions abort` to
-    close a hanging transaction the coordinator no longer knows)."""
+    """WriteTxnMarkers from a client (Kafka's inter-broker API; ``oncelog transactions abort`` uses it
+    to close a hanging transaction): restricted and validated by ``Coordination.write_marker``."""
     out = []
     for m in req.body.markers:
         topics = []

@@ -1,0 +1,184 @@
+"""A broker in the test process, driven without sockets: requests are encoded with kio exactly as a
+client would send them, decoded by the broker's own decoder, handled, and the response is encoded and
+decoded again. Time is a ManualClock, so timeouts are driven by the test.
+
+Used by broker-level regression tests, the model-based transaction test and the power-cut tests;
+``restart()`` closes nothing (a crash) or everything (a clean stop) and loads the same data dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from oncelog.clock import ManualClock
+from oncelog.protocol import records as rb
+from oncelog.protocol.messages import (
+    build,
+    build_response,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+    request_type,
+)
+from oncelog.server.broker import Broker
+from oncelog.server.config import BrokerConfig
+
+API_PRODUCE = 0
+API_FETCH = 1
+API_LIST_OFFSETS = 2
+API_INIT_PRODUCER_ID = 22
+API_ADD_PARTITIONS_TO_TXN = 24
+API_ADD_OFFSETS_TO_TXN = 25
+API_END_TXN = 26
+API_WRITE_TXN_MARKERS = 27
+API_TXN_OFFSET_COMMIT = 28
+API_DESCRIBE_PRODUCERS = 61
+
+
+class InProcessBroker:
+    def __init__(self, data_dir: Path, clock: ManualClock | None = None, **config: Any) -> None:
+        self.data_dir = data_dir
+        self.clock = clock or ManualClock(1_700_000_000_000)
+        self.config = BrokerConfig(data_dir=data_dir, auto_create_topics_enable=True, **config)
+        self.loop = asyncio.new_event_loop()
+        self.broker = self._open()
+        self._corr = 0
+
+    def _open(self) -> Broker:
+        return Broker(replace(self.config), clock=self.clock)
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def crash(self) -> None:
+        """Drop the broker without closing anything (kill -9: file descriptors simply go away)."""
+        for plog in self.broker.logs.partitions().values():
+            for seg in plog.segments:
+                seg.abandon()
+        self.broker.release_data_dir()
+
+    def restart(self, *, clean: bool = False) -> None:
+        if clean:
+            self.broker.close()
+        else:
+            self.crash()
+        self.broker = self._open()
+
+    def close(self) -> None:
+        self.broker.close()
+        self.loop.close()
+
+    # --- requests ----------------------------------------------------------------------------------
+    def call(self, api_key: int, version: int, fields: dict[str, Any], client_id: str = "inproc") -> Any:
+        """Send one request; return the decoded response (None for acks=0 produce)."""
+        self._corr += 1
+        frame = encode_request(api_key, version, self._corr, build(request_type(api_key, version), fields),
+                               client_id=client_id)
+        request = decode_request(frame[4:], self.broker.supported_versions)
+        result = self.broker.handlers[api_key](self.broker, request)
+        if inspect.isawaitable(result):
+            result = self.loop.run_until_complete(result)
+        if result is None:
+            return None
+        if isinstance(result, dict):
+            if api_key == API_FETCH:
+                from oncelog.protocol.messages import encode_fetch_response
+
+                parts = encode_fetch_response(version, self._corr, result)
+                data = b"".join(bytes(p) for p in parts)
+                return decode_response(api_key, version, data[4:])[1]
+            result = build_response(api_key, version, result)
+        data = encode_response(api_key, version, self._corr, result)
+        return decode_response(api_key, version, data[4:])[1]
+
+    # --- conveniences --------------------------------------------------------------------------------
+    def create_topic(self, name: str, partitions: int = 1) -> None:
+        self.broker.logs.create_topic(name, partitions, {})
+
+    def produce(self, topic: str, partition: int, records: bytes, *, transactional_id: str | None = None,
+                acks: int = -1, version: int = 9) -> int:
+        """Produce raw record batches; returns the partition's error code."""
+        resp = self.call(API_PRODUCE, version, {
+            "transactional_id": transactional_id, "acks": acks, "timeout": 30_000,
+            "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": records}]}]})
+        if resp is None:
+            return 0
+        return int(resp.responses[0].partition_responses[0].error_code)
+
+    def init_producer_id(self, transactional_id: str | None, producer_id: int = -1, producer_epoch: int = -1,
+                         timeout_ms: int = 60_000) -> tuple[int, int, int]:
+        r = self.call(API_INIT_PRODUCER_ID, 4, {"transactional_id": transactional_id,
+                                                 "transaction_timeout": timeout_ms,
+                                                 "producer_id": producer_id, "producer_epoch": producer_epoch})
+        return int(r.error_code), int(r.producer_id), int(r.producer_epoch)
+
+    def add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                       partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        by_topic: dict[str, list[int]] = {}
+        for t, p in partitions:
+            by_topic.setdefault(t, []).append(p)
+        r = self.call(API_ADD_PARTITIONS_TO_TXN, 3, {
+            "v3_and_below_transactional_id": transactional_id, "v3_and_below_producer_id": producer_id,
+            "v3_and_below_producer_epoch": producer_epoch,
+            "v3_and_below_topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]})
+        return {(t.name, p.partition_index): int(p.partition_error_code)
+                for t in r.results_by_topic_v3_and_below for p in t.results_by_partition}
+
+    def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> int:
+        r = self.call(API_END_TXN, 3, {"transactional_id": transactional_id, "producer_id": producer_id,
+                                        "producer_epoch": producer_epoch, "committed": commit})
+        return int(r.error_code)
+
+    def fetch(self, topic: str, partition: int, offset: int = 0, *, read_committed: bool = True,
+              max_bytes: int = 8 << 20) -> Any:
+        r = self.call(API_FETCH, 11, {
+            "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": max_bytes,
+            "isolation_level": 1 if read_committed else 0, "session_id": 0, "session_epoch": -1,
+            "topics": [{"topic": topic, "partitions": [{
+                "partition": partition, "current_leader_epoch": -1, "fetch_offset": offset,
+                "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": max_bytes}]}],
+            "forgotten_topics_data": [], "rack_id": ""})
+        return r.responses[0].partitions[0]
+
+    def visible_values(self, topic: str, partition: int, *, read_committed: bool = True) -> list[bytes]:
+        """Every record value a read_committed (or read_uncommitted) consumer would deliver, in order:
+        control records and, for read_committed, aborted transactions' records dropped as librdkafka
+        drops them (by the AbortedTransactions list of each fetch)."""
+        out: list[bytes] = []
+        offset = 0
+        while True:
+            part = self.fetch(topic, partition, offset, read_committed=read_committed)
+            assert part.error_code == 0, f"fetch {topic}-{partition}@{offset}: error {part.error_code}"
+            data = part.records or b""
+            if not data:
+                return out
+            aborted = {a.producer_id: a.first_offset for a in (part.aborted_transactions or [])}
+            aborting: set[int] = set()
+            for _base, header, values, control in iter_batches(data):
+                if header.last_offset < offset:
+                    continue
+                pid = header.producer_id
+                if pid in aborted and aborted[pid] <= header.base_offset:
+                    aborting.add(pid)
+                    del aborted[pid]
+                if control is not None:
+                    aborting.discard(pid)
+                elif not (read_committed and header.is_transactional and pid in aborting):
+                    out.extend(values)
+                offset = header.last_offset + 1
+
+
+def iter_batches(data: bytes) -> Iterator[tuple[int, rb.BatchHeader, list[bytes], int | None]]:
+    """(base offset, header, record values, control type or None) of each whole batch in ``data``."""
+    from kio.records.readers import read_batch
+
+    for pos, header in rb.iter_headers(data):
+        if header.is_control:
+            yield header.base_offset, header, [], rb.control_type_of(data, pos, header)
+            continue
+        batch, _ = read_batch(data, pos)
+        yield header.base_offset, header, [bytes(r.value or b"") for r in batch.records], None
