@@ -128,13 +128,12 @@ def test_hung_transaction_is_aborted_after_its_timeout(tmp_path: Path) -> None:
 
 
 def test_kill_9_in_the_middle_of_a_commit_finishes_it_after_restart(tmp_path: Path) -> None:
-    import os
+    import sys
 
-    os.environ["ONCELOG_FAULT_POINT"] = "after_prepare"
-    try:
-        b = oncelog_broker(tmp_path / "d", log_path=tmp_path / "broker.log").start()
-    finally:
-        del os.environ["ONCELOG_FAULT_POINT"]
+    fault = oncelog_broker(tmp_path / "d", log_path=tmp_path / "broker.log")
+    fault.args = [sys.executable, str(Path(__file__).parents[1] / "faults" / "fault_broker.py"), "after_prepare",
+                  *fault.args[4:]]
+    b = fault.start()
     try:
         create_topic(b.bootstrap, "mid", 2)
         p = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": "mid-1", "message.timeout.ms": 5000})
@@ -146,8 +145,8 @@ def test_kill_9_in_the_middle_of_a_commit_finishes_it_after_restart(tmp_path: Pa
         with pytest.raises(KafkaException):
             p.commit_transaction(5)  # the broker dies after writing PrepareCommit
         assert b.proc is not None and b.proc.wait(10) == 17
-        b.start()  # replays the transaction log and writes the COMMIT markers
-        got = read_all(b.bootstrap, "mid", 2, "read_committed")
+        b = oncelog_broker(tmp_path / "d", port=b.port, log_path=tmp_path / "broker.log").start()
+        got = read_all(b.bootstrap, "mid", 2, "read_committed")  # the restart wrote the COMMIT markers
         assert sorted(v for _, _, v in got) == [b"m-0", b"m-1", b"m-2", b"m-3"]
         assert "1 transaction(s) to complete" in (tmp_path / "broker.log").read_text()
     finally:

@@ -7,7 +7,8 @@ Invariants:
 - ``apply_txn_result`` runs without awaiting: append to ``__transaction_state``, replay, write the
   COMMIT/ABORT markers into every partition of the transaction (and the group's offsets partition),
   then append and replay the Complete* transition. No other request can observe a half-done step.
-- A crash between PrepareCommit and CompleteCommit leaves the Prepare* record in the log; on restart
+- A crash between PrepareCommit and CompleteCommit (tests/faults/fault_broker.py injects one) leaves
+  the Prepare* record in the log; on restart
   ``pending_markers()`` lists it and the markers are written again (writing a marker twice is
   harmless: the second finds no open transaction for the producer and is a no-op for the LSO).
 """
@@ -15,7 +16,6 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import os
 import zlib
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +59,6 @@ class Coordination:
             group_max_session_timeout_ms=cfg.group_max_session_timeout_ms,
             group_initial_rebalance_delay_ms=cfg.group_initial_rebalance_delay_ms,
             offsets_retention_ms=cfg.offsets_retention_minutes * 60_000)
-        self.fault_point = os.environ.get("ONCELOG_FAULT_POINT", "")
         self._checkpoint_bytes: dict[str, int] = {}  # per internal partition: size of its last checkpoint
 
     # --- partitions of internal topics ---------------------------------------------------------
@@ -113,9 +112,6 @@ class Coordination:
             for key, value in result.records:
                 self.txn.replay(key, value)
         for markers in result.markers:
-            if self.fault_point == "after_prepare":
-                log.error("fault point after_prepare: exiting before writing markers")
-                os._exit(17)
             self._write_markers(markers)
             self.apply_txn_result(self.txn.markers_written(
                 markers.transactional_id, markers.producer_id, markers.producer_epoch, markers.commit))
