@@ -175,3 +175,20 @@ def test_a_client_abort_of_a_hanging_transaction_needs_its_exact_epoch(b: InProc
     assert plog.last_stable_offset == plog.high_watermark
     assert b.visible_values(T, 0) == []
     assert _write_marker(b, pid, 3, commit=False) == ErrorCode.invalid_txn_state  # nothing open any more
+
+
+def test_describe_producers_reports_the_coordinator_epoch_of_the_last_marker(b: InProcessBroker) -> None:
+    pid, epoch = _txn_producer(b)
+    b.add_partitions("tx", pid, epoch, [(T, 0)])
+    assert b.produce(T, 0, batch(pid=pid, epoch=epoch, seq=0, txn=True), transactional_id="tx") == 0
+
+    def describe() -> tuple[int, int]:
+        r = b.call(61, 0, {"topics": [{"name": T, "partition_indexes": [0]}]})
+        [prod] = r.topics[0].partitions[0].active_producers
+        return int(prod.coordinator_epoch), int(prod.current_txn_start_offset)
+
+    assert describe() == (-1, 0)  # no marker yet, a transaction open at offset 0
+    assert b.end_txn("tx", pid, epoch, commit=True) == 0
+    assert describe() == (0, -1)
+    b.restart()
+    assert describe() == (0, -1)  # rebuilt from the marker on replay

@@ -342,6 +342,35 @@ class PartitionLog:
                 return max(header.base_offset, self.log_start_offset), header.max_timestamp
         return None
 
+    def offset_for_max_timestamp(self) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first data record with the largest timestamp (ListOffsets -3).
+
+        Segments are visited in descending order of their max timestamp and the scan stops once no
+        remaining segment can hold a larger one. Control batches (markers) are skipped: a client
+        asking for the newest record wants data, not the coordinator's timestamp.
+        """
+        best: tuple[int, int] | None = None  # (timestamp, position-ordered key) of the best batch
+        best_batch: tuple[LogSegment, int, rb.BatchHeader] | None = None
+        for seg in sorted((s for s in self.segments if s.size), key=lambda s: -s.max_timestamp):
+            if best is not None and seg.max_timestamp < best[0]:
+                break
+            for pos, header, _view in seg.iter_batches(0):
+                if header.is_control or header.last_offset < self.log_start_offset:
+                    continue
+                if best is None or header.max_timestamp > best[0] or \
+                        (header.max_timestamp == best[0] and header.base_offset < best[1]):
+                    best = (header.max_timestamp, header.base_offset)
+                    best_batch = (seg, pos, header)
+        if best_batch is None:
+            return None
+        seg, pos, header = best_batch
+        ts = header.max_timestamp
+        if (header.attributes & (rb.ATTR_COMPRESSION_MASK | rb.ATTR_TIMESTAMP_TYPE)) == 0:
+            for offset, record_ts in rb.record_timestamps(seg.pread(pos, header.size), 0, header):
+                if record_ts == ts and offset >= self.log_start_offset:
+                    return offset, ts
+        return max(header.base_offset, self.log_start_offset), ts
+
     # --- producers (DescribeProducers, find-hanging) ---------------------------------------------
     def producers(self) -> list[ProducerStateEntry]:
         return list(self.producer_state.producers.values())

@@ -1,4 +1,6 @@
-"""ListOffsets: earliest (-2), latest (-1, the LSO for read_committed) and offsets by timestamp."""
+"""ListOffsets: earliest (-2), latest (-1, the LSO for read_committed), max timestamp (-3, v7+) and
+offsets by timestamp. An answer at or past the LSO (read_committed) or high watermark is -1, as in
+Kafka's Partition.fetchOffsetForTimestamp."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ if TYPE_CHECKING:
 
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
+MAX_TIMESTAMP = -3
 READ_COMMITTED = 1
 
 
@@ -32,10 +35,11 @@ def handle_list_offsets(broker: Broker, req: Request) -> dict[str, Any]:
                                    else plog.high_watermark)
             elif p.timestamp == EARLIEST_TIMESTAMP:
                 entry["offset"] = plog.log_start_offset
-            elif p.timestamp < 0:
+            elif p.timestamp < 0 and not (p.timestamp == MAX_TIMESTAMP and req.api_version >= 7):
                 entry["error_code"] = ErrorCode.unsupported_version
             else:
-                found = plog.offset_for_timestamp(p.timestamp)
+                found = (plog.offset_for_max_timestamp() if p.timestamp == MAX_TIMESTAMP
+                         else plog.offset_for_timestamp(p.timestamp))
                 if found is not None:
                     offset, ts = found
                     bound = plog.last_stable_offset if isolation_level == READ_COMMITTED else plog.high_watermark
