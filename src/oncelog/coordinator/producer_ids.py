@@ -7,8 +7,9 @@ at the recorded end, so at most one block of ids is skipped and none is reused.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from oncelog.storage import fileio
 
 BLOCK_SIZE = 1000
 
@@ -17,7 +18,7 @@ class ProducerIdManager:
     def __init__(self, path: Path, block_size: int = BLOCK_SIZE) -> None:
         self.path = path
         self.block_size = block_size
-        path.parent.mkdir(parents=True, exist_ok=True)
+        fileio.fs.mkdir(path.parent)
         try:
             text = path.read_text().strip()
         except FileNotFoundError:
@@ -44,17 +45,7 @@ class ProducerIdManager:
         return 0 <= producer_id < self._next
 
     def _persist(self, value: int) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(str(value))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fileio.fs.write_atomic(self.path, str(value).encode())
 
 
 class InMemoryProducerIdManager:

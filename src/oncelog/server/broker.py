@@ -12,7 +12,7 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from oncelog.clock import Clock, SystemClock
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.versions import SUPPORTED_VERSIONS
 from oncelog.server.config import BrokerConfig
+from oncelog.storage import fileio
 from oncelog.storage.config import LogConfig
 from oncelog.storage.log_manager import LogManager
 
@@ -29,6 +30,7 @@ TopicPartition = tuple[str, int]
 
 
 LOCK_FILE = ".lock"
+CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 
 
 class DataDirInUseError(OSError):
@@ -71,6 +73,8 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = lock_data_dir(config.data_dir)
+        self.on_storage_failure: Callable[[], None] | None = None  # set by the CLI: stop the process
+        self.storage_failure: str | None = None
         self.log_defaults = LogConfig(
             segment_bytes=config.log_segment_bytes,
             segment_ms=config.log_roll_ms,
@@ -84,8 +88,9 @@ class Broker:
             self.logs = LogManager(config.data_dir, self.log_defaults, self.clock)
             from oncelog.server.coordination import Coordination
 
+            clean = self._take_clean_shutdown_marker()
             self.coordination = Coordination(self)
-            self.coordination.load()
+            self.coordination.load(clean_shutdown=clean)
         except BaseException:
             self.release_data_dir()
             raise
@@ -138,9 +143,30 @@ class Broker:
         log.info("oncelog broker stopped cleanly")
 
     def close(self) -> None:
-        """Flush and close every log, then release the data directory (a clean stop)."""
+        """Flush and close every log, mark the stop clean, then release the data directory."""
         self.logs.close()
+        if self.logs.dir_state.offline_reason is None:
+            fileio.fs.write_atomic(self.config.data_dir / CLEAN_SHUTDOWN_FILE, b"")
         self.release_data_dir()
+
+    def _take_clean_shutdown_marker(self) -> bool:
+        """True if the previous run stopped cleanly; the marker is removed (durably) before anything
+        is written, so a crash of this run is seen as unclean by the next."""
+        marker = self.config.data_dir / CLEAN_SHUTDOWN_FILE
+        if not marker.exists():
+            return False
+        fileio.fs.unlink(marker)
+        fileio.fs.fsync_dir(self.config.data_dir)
+        return True
+
+    def storage_failed(self, exc: BaseException) -> None:
+        """A write or fsync failed: the data directory is offline. With one log directory the broker
+        stops (Kafka halts when every log dir is offline); recovery on restart reads what is on disk."""
+        if self.storage_failure is None:
+            self.storage_failure = str(exc)
+            log.critical("stopping the broker: the data directory failed: %s", exc)
+            if self.on_storage_failure is not None:
+                self.on_storage_failure()
 
     def release_data_dir(self) -> None:
         if self._lock_fd >= 0:
@@ -153,6 +179,8 @@ class Broker:
             await asyncio.sleep(interval)
             try:
                 fn()
+            except fileio.StorageOfflineError as exc:
+                self.storage_failed(exc)
             except Exception:
                 log.exception("background task %s failed", getattr(fn, "__name__", fn))
 

@@ -66,12 +66,15 @@ async def serve(cfg: BrokerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    broker.on_storage_failure = stop.set
     await broker.start()
     try:
         await stop.wait()
     finally:
         logging.getLogger("oncelog.server").info("shutting down")
         await broker.stop()
+    if broker.storage_failure is not None:
+        raise OSError(f"the data directory failed: {broker.storage_failure}")
 
 
 def run(args: argparse.Namespace) -> int:

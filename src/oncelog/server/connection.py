@@ -33,6 +33,7 @@ from oncelog.protocol.messages import (
     peek_header,
 )
 from oncelog.protocol.versions import API_API_VERSIONS, api_name
+from oncelog.storage.fileio import StorageOfflineError
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
@@ -98,6 +99,11 @@ class KafkaConnection(asyncio.Protocol):
                 out = await self._handle_frame(frame)
             except asyncio.CancelledError:
                 raise
+            except StorageOfflineError as exc:
+                log.error("closing the connection from %s: %s", self.peer, exc)
+                self.broker.storage_failed(exc)
+                self.close()
+                return
             except Exception:
                 log.exception("internal error handling a request from %s; closing the connection", self.peer)
                 self.close()

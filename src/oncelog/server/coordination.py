@@ -26,6 +26,7 @@ from oncelog.coordinator.transaction.coordinator import TransactionCoordinator
 from oncelog.protocol import records as rb
 from oncelog.protocol.errors import ErrorCode
 from oncelog.server.internal_log import encode_batch, read_all
+from oncelog.storage import fileio
 from oncelog.storage.errors import ProducerStateError
 from oncelog.storage.partition_log import AppendOrigin
 
@@ -72,7 +73,12 @@ class Coordination:
         return plog
 
     # --- loading --------------------------------------------------------------------------------
-    def load(self) -> None:
+    def load(self, clean_shutdown: bool = True) -> None:
+        """Replay the internal logs, finish what a crash interrupted, and abort what it broke.
+
+        ``clean_shutdown`` is False when the previous run did not stop cleanly (kill -9, power
+        loss): then, unless every append was fsynced, open transactions are aborted.
+        """
         n = 0
         for rec in read_all(self._txn_log()):
             if rec.key is not None:
@@ -95,26 +101,97 @@ class Coordination:
         log.info("loaded %d transaction log record(s); %d transaction(s) to complete", n, len(pending))
         for markers in pending:
             try:
-                self._write_markers(markers)
-                self.apply_txn_result(self.txn.markers_written(
-                    markers.transactional_id, markers.producer_id, markers.producer_epoch, markers.commit))
+                self._complete(markers)
+            except fileio.StorageOfflineError:
+                raise
             except Exception:
                 # Nothing a client wrote may stop the broker from starting; the transaction stays in
                 # Prepare* and is completed on the next start (or aborted by an admin).
                 log.exception("could not complete transaction %r at load; it stays %s",
                               markers.transactional_id, "PrepareCommit" if markers.commit else "PrepareAbort")
+        if not clean_shutdown and not self.broker.config.flush_every_append:
+            self._abort_open_transactions_after_a_crash()
+        self._abort_hanging_transactions()
+
+    def _abort_open_transactions_after_a_crash(self) -> None:
+        """After an unclean stop with background fsync, a transaction that was Ongoing may have lost
+        acknowledged records in some of its partitions (the unflushed tail) and kept them in others:
+        committing it now would tear it. Abort each one as a timeout would (epoch bump: its producer
+        learns the outcome as PRODUCER_FENCED instead of a commit that silently lost records)."""
+        for tid in self.txn.open_transactions():
+            log.warning("aborting transaction %r: it was open when the broker stopped uncleanly and some of "
+                        "its unflushed records may be lost", tid)
+            self.apply_txn_result(self.txn.abort_transaction(tid))
+
+    def _abort_hanging_transactions(self) -> None:
+        """Abort transactions open in a partition that the coordinator does not know as open there.
+
+        With the durability order of ``apply_txn_result`` this finds nothing; it is the safety net
+        for a log damaged below it (or written by an older version): such a transaction can never
+        be completed by anyone, and it would hold the partition's LSO forever.
+        """
+        for (topic, partition), plog in self.broker.logs.partitions().items():
+            for pid in list(plog.producer_state.ongoing):
+                if self.txn.is_tracked(pid, topic, partition):
+                    continue
+                entry = plog.producer_state.producers[pid]
+                coordinator_epoch = max(entry.coordinator_epoch, self.txn.coordinator_epoch)
+                batch = rb.build_control_batch(rb.CONTROL_ABORT, producer_id=pid, producer_epoch=entry.producer_epoch,
+                                               coordinator_epoch=coordinator_epoch,
+                                               timestamp_ms=self.broker.clock.now_ms())
+                try:
+                    plog.append(batch, origin=AppendOrigin.COORDINATOR)
+                    plog.sync()
+                except ProducerStateError as exc:
+                    log.error("%s-%d: cannot abort the hanging transaction of producer %d: %s", topic, partition,
+                              pid, exc)
+                    continue
+                log.warning("%s-%d: aborted a hanging transaction of producer %d (epoch %d) that the transaction "
+                            "coordinator does not know", topic, partition, pid, entry.producer_epoch)
+                self.on_marker(topic, partition, pid, False)
 
     # --- transactions ---------------------------------------------------------------------------
     def apply_txn_result(self, result: Any) -> None:
+        """Append, replay and carry out one coordinator step, each part durable in this order:
+
+        1. for a commit, the transaction's data in every partition (fsync): no PrepareCommit, and so
+           no COMMIT marker, can become durable before the data it covers;
+        2. the transaction log records (fsync, unless the step is a Complete*): an epoch bump, an
+           Ongoing or a Prepare* is durable before the client hears of it and before any marker;
+        3. the markers, in every partition (fsync);
+        4. the Complete* record (not fsynced: if lost, the Prepare* is replayed and 3 redone).
+
+        So after any power cut a transaction is whole or absent in every partition, and a retried
+        EndTxn never meets a CompleteCommit that stands for a different, lost transaction (its
+        AddPartitions' Ongoing was durable before the client could send data, and an Ongoing found
+        after an unclean stop is aborted by :meth:`load`).
+        """
         if result.records:
+            for markers in result.markers:
+                if markers.commit:
+                    self._sync_partitions(markers.partitions)
             now = self.broker.clock.now_ms()
-            self._txn_log().append(encode_batch(result.records, now), origin=AppendOrigin.COORDINATOR)
+            txn_log = self._txn_log()
+            txn_log.append(encode_batch(result.records, now), origin=AppendOrigin.COORDINATOR)
+            if result.durable:
+                txn_log.sync()
             for key, value in result.records:
                 self.txn.replay(key, value)
         for markers in result.markers:
-            self._write_markers(markers)
-            self.apply_txn_result(self.txn.markers_written(
-                markers.transactional_id, markers.producer_id, markers.producer_epoch, markers.commit))
+            self._complete(markers)
+
+    def _complete(self, markers: Any) -> None:
+        """Second phase: markers everywhere, durable, then the Complete* record."""
+        self._write_markers(markers)
+        self._sync_partitions(markers.partitions)
+        self.apply_txn_result(self.txn.markers_written(
+            markers.transactional_id, markers.producer_id, markers.producer_epoch, markers.commit))
+
+    def _sync_partitions(self, partitions: Any) -> None:
+        for topic, partition in sorted(partitions):
+            plog = self.broker.logs.get_partition(topic, partition)
+            if plog is not None:
+                plog.sync()
 
     def _write_markers(self, markers: Any) -> None:
         """Append the COMMIT/ABORT marker to every partition of the transaction.

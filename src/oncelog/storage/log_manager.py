@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from oncelog.clock import Clock
+from oncelog.storage import fileio
 from oncelog.storage.config import LogConfig
 from oncelog.storage.errors import (
     InvalidConfigError,
@@ -28,7 +27,7 @@ from oncelog.storage.errors import (
     InvalidTopicError,
     TopicExistsError,
 )
-from oncelog.storage.partition_log import PartitionLog
+from oncelog.storage.partition_log import LogDirState, PartitionLog
 
 log = logging.getLogger("oncelog.storage")
 
@@ -63,7 +62,8 @@ class LogManager:
         self.default_config = default_config
         self.clock = clock
         self.meta_dir = data_dir / "__meta"
-        self.meta_dir.mkdir(parents=True, exist_ok=True)
+        fileio.fs.mkdir(self.meta_dir)
+        self.dir_state = LogDirState()
         self._topics: dict[str, TopicInfo] = {}
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
         self._load()
@@ -87,27 +87,17 @@ class LogManager:
             for p in range(info.num_partitions):
                 d = self._dir(info.name, p)
                 expected.add(d.name)
-                self._partitions[(info.name, p)] = PartitionLog(d, info.name, p, cfg, self.clock)
+                self._partitions[(info.name, p)] = PartitionLog(d, info.name, p, cfg, self.clock, self.dir_state)
         for d in self.data_dir.iterdir():
             stray = d.name not in expected and re.match(r".+-\d+(\.deleted)?$", d.name)
             if d.is_dir() and d.name != "__meta" and stray:
                 log.warning("removing directory %s of a deleted or unknown topic", d)
-                shutil.rmtree(d, ignore_errors=True)
+                fileio.fs.rmtree(d)
 
     def _save(self) -> None:
         doc = {"topics": [{"name": t.name, "topic_id": str(t.topic_id), "num_partitions": t.num_partitions,
                            "configs": t.configs, "internal": t.is_internal} for t in self._topics.values()]}
-        tmp = self._meta_path().with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._meta_path())
-        fd = os.open(self.meta_dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fileio.fs.write_atomic(self._meta_path(), json.dumps(doc, indent=1).encode())
 
     def _dir(self, topic: str, partition: int) -> Path:
         return self.data_dir / f"{topic}-{partition}"
@@ -142,8 +132,8 @@ class LogManager:
         for p in range(num_partitions):
             d = self._dir(name, p)
             if d.exists():
-                shutil.rmtree(d)
-            self._partitions[(name, p)] = PartitionLog(d, name, p, cfg, self.clock)
+                fileio.fs.rmtree(d)
+            self._partitions[(name, p)] = PartitionLog(d, name, p, cfg, self.clock, self.dir_state)
         self._topics[name] = info
         self._save()
         return info
@@ -162,7 +152,8 @@ class LogManager:
             raise InvalidPartitionsError(f"new partition count {new_total} must exceed {info.num_partitions}")
         cfg = self.config_for(info)
         for p in range(info.num_partitions, new_total):
-            self._partitions[(name, p)] = PartitionLog(self._dir(name, p), name, p, cfg, self.clock)
+            self._partitions[(name, p)] = PartitionLog(self._dir(name, p), name, p, cfg, self.clock,
+                                                       self.dir_state)
         info.num_partitions = new_total
         self._save()
 
@@ -178,6 +169,9 @@ class LogManager:
 
     # --- maintenance -----------------------------------------------------------------------------
     def flush_all(self, now_ms: int, force: bool = False) -> None:
+        """The background flush. Its order does not matter for transactions: the transaction
+        protocol makes each step durable itself (see server.coordination); here every partition's
+        recovery point moves independently. Raises StorageOfflineError once the directory failed."""
         for plog in self._partitions.values():
             if force or plog.needs_flush(now_ms):
                 plog.flush()

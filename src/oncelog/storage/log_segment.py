@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from oncelog.protocol import records as rb
+from oncelog.storage import fileio
 from oncelog.storage.offset_index import OffsetIndex, TimeIndex
 from oncelog.storage.transaction_index import TransactionIndex
 
@@ -36,7 +37,7 @@ class LogSegment:
         self.txn_index = TransactionIndex(directory / f"{stem}.txnindex")
         self.index_interval_bytes = index_interval_bytes
         self.created_ms = created_ms
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fd = fileio.fs.open_rw(self.path)
         self.size = os.fstat(self.fd).st_size
         self.next_offset = base_offset
         self.max_timestamp = -1
@@ -55,20 +56,42 @@ class LogSegment:
             if header.max_timestamp > self.max_timestamp:
                 self.max_timestamp = header.max_timestamp
                 self.time_index.maybe_append(header.max_timestamp, header.base_offset)
-        written = os.pwrite(self.fd, data, start)
+        try:
+            written = fileio.fs.pwrite(self.fd, data, start)
+        except OSError as exc:
+            raise fileio.StorageOfflineError(f"write to {self.path} failed: {exc}") from exc
         if written != len(data):  # a short write on a regular file means the disk is full
-            os.ftruncate(self.fd, start)
+            fileio.fs.ftruncate(self.fd, start)
             raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
         self.size = start + len(data)
         self.next_offset = batches[-1][1].last_offset + 1
         self.dirty = True
 
+    @property
+    def needs_flush(self) -> bool:
+        return self.dirty or self.txn_index.dirty
+
     def flush(self) -> None:
-        if self.dirty:
-            os.fsync(self.fd)
-            self.dirty = False
-        self.offset_index.flush()
-        self.time_index.flush()
+        """fsync the data, then the indexes (the txn index included) that describe it.
+
+        Raises StorageOfflineError if the disk refuses: the caller must not move the recovery
+        point, and must not retry (see ``fileio``). A new index file's name is made durable too.
+        """
+        index_files = (self.offset_index.path, self.time_index.path, self.txn_index.path)
+        existed = [p.exists() for p in index_files]
+        try:
+            if self.dirty:
+                fileio.fs.fsync(self.fd)
+                self.dirty = False
+            self.offset_index.flush()
+            self.time_index.flush()
+            self.txn_index.flush()
+            if existed != [p.exists() for p in index_files]:
+                fileio.fs.fsync_dir(self.directory)
+        except fileio.StorageOfflineError:
+            raise
+        except OSError as exc:
+            raise fileio.StorageOfflineError(f"fsync of {self.path} failed: {exc}") from exc
 
     # --- reads ------------------------------------------------------------------------------------
     def pread(self, position: int, length: int) -> bytes:
@@ -183,15 +206,15 @@ class LogSegment:
         if pos < self.size:
             log.warning("recovery of %s: truncating segment %s at byte %d (offset %d): %s; %d byte(s) dropped",
                         partition, self.path.name, pos, self.next_offset, reason, self.size - pos)
-            os.ftruncate(self.fd, pos)
-            os.fsync(self.fd)
+            fileio.fs.ftruncate(self.fd, pos)
+            fileio.fs.fsync(self.fd)
             self.size = pos
         self.time_index.truncate_to_offset(self.next_offset)
         self.offset_index.truncate_to_position(self.size)
         return found
 
     def truncate_all(self) -> None:
-        os.ftruncate(self.fd, 0)
+        fileio.fs.ftruncate(self.fd, 0)
         self.size = 0
         self.next_offset = self.base_offset
         self.offset_index.truncate_to_position(0)
@@ -200,21 +223,19 @@ class LogSegment:
     def close(self) -> None:
         if self.fd >= 0:
             self.flush()
-            os.close(self.fd)
+            fileio.fs.close(self.fd)
             self.fd = -1
 
     def abandon(self) -> None:
         """Close the file without flushing anything (tests: what a killed process leaves behind)."""
         if self.fd >= 0:
-            os.close(self.fd)
+            fileio.fs.close(self.fd)
             self.fd = -1
 
     def delete(self) -> None:
+        """Remove the segment's files (the caller fsyncs the directory once for all it deleted)."""
         if self.fd >= 0:
-            os.close(self.fd)
+            fileio.fs.close(self.fd)
             self.fd = -1
         for p in (self.path, self.offset_index.path, self.time_index.path, self.txn_index.path):
-            try:
-                p.unlink()
-            except FileNotFoundError:
-                pass
+            fileio.fs.unlink(p)

@@ -10,10 +10,11 @@ of the data or breaks monotonicity: an index is a hint, never a source of truth.
 from __future__ import annotations
 
 import bisect
-import os
 import struct
 from array import array
 from pathlib import Path
+
+from oncelog.storage import fileio
 
 _OFFSET_ENTRY = struct.Struct(">ii")
 _TIME_ENTRY = struct.Struct(">qi")
@@ -32,10 +33,7 @@ class OffsetIndex:
     def load(self, data_size: int) -> None:
         self.relative_offsets = array("q")
         self.positions = array("q")
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            raw = b""
+        raw = fileio.read_file(self.path) or b""
         last_rel, last_pos = -1, -1
         for i in range(len(raw) // _OFFSET_ENTRY.size):
             rel, pos = _OFFSET_ENTRY.unpack_from(raw, i * _OFFSET_ENTRY.size)
@@ -72,20 +70,15 @@ class OffsetIndex:
     def flush(self) -> None:
         if self._persisted == len(self.positions):
             return
-        with open(self.path, "ab") as f:
-            f.write(b"".join(_OFFSET_ENTRY.pack(self.relative_offsets[i], self.positions[i])
-                             for i in range(self._persisted, len(self.positions))))
-            f.flush()
-            os.fsync(f.fileno())
+        fileio.fs.append_durable(self.path, b"".join(_OFFSET_ENTRY.pack(self.relative_offsets[i], self.positions[i])
+                                                     for i in range(self._persisted, len(self.positions))))
         self._persisted = len(self.positions)
 
     def _rewrite(self) -> None:
         data = b"".join(_OFFSET_ENTRY.pack(r, p) for r, p in zip(self.relative_offsets[: self._persisted],
                                                                   self.positions[: self._persisted],
                                                                   strict=True))
-        tmp = self.path.with_suffix(".index.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, self.path)
+        fileio.fs.write_atomic(self.path, data)
 
 
 class TimeIndex:
@@ -101,10 +94,7 @@ class TimeIndex:
     def load(self, last_offset: int) -> None:
         self.timestamps = array("q")
         self.relative_offsets = array("q")
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            raw = b""
+        raw = fileio.read_file(self.path) or b""
         for i in range(len(raw) // _TIME_ENTRY.size):
             ts, rel = _TIME_ENTRY.unpack_from(raw, i * _TIME_ENTRY.size)
             if (self.timestamps and ts <= self.timestamps[-1]) or rel + self.base_offset > last_offset:
@@ -136,17 +126,12 @@ class TimeIndex:
     def flush(self) -> None:
         if self._persisted == len(self.timestamps):
             return
-        with open(self.path, "ab") as f:
-            f.write(b"".join(_TIME_ENTRY.pack(self.timestamps[i], self.relative_offsets[i])
-                             for i in range(self._persisted, len(self.timestamps))))
-            f.flush()
-            os.fsync(f.fileno())
+        fileio.fs.append_durable(self.path, b"".join(_TIME_ENTRY.pack(self.timestamps[i], self.relative_offsets[i])
+                                                     for i in range(self._persisted, len(self.timestamps))))
         self._persisted = len(self.timestamps)
 
     def _rewrite(self) -> None:
         data = b"".join(_TIME_ENTRY.pack(t, r) for t, r in zip(self.timestamps[: self._persisted],
                                                                self.relative_offsets[: self._persisted],
                                                                strict=True))
-        tmp = self.path.with_suffix(".timeindex.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, self.path)
+        fileio.fs.write_atomic(self.path, data)

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
-import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from oncelog.clock import Clock
 from oncelog.protocol import records as rb
+from oncelog.storage import fileio
 from oncelog.storage.config import LogConfig
 from oncelog.storage.errors import OffsetOutOfRangeError, RecordTooLargeError
 from oncelog.storage.log_segment import LogSegment
@@ -39,7 +39,7 @@ from oncelog.storage.producer_state import (
 )
 from oncelog.storage.transaction_index import AbortedTxn
 
-__all__ = ["AppendOrigin", "AppendResult", "FetchData", "PartitionLog"]
+__all__ = ["AppendOrigin", "AppendResult", "FetchData", "LogDirState", "PartitionLog"]
 
 log = logging.getLogger("oncelog.storage")
 
@@ -63,31 +63,45 @@ class FetchData:
     first_offset: int
 
 
-def _write_int_file(path: Path, value: int) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        f.write(str(value))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _write_int_file(path: Path, *values: int) -> None:
+    fileio.fs.write_atomic(path, " ".join(map(str, values)).encode())
+
+
+def _read_ints(path: Path) -> list[int] | None:
+    raw = fileio.read_file(path)
+    if raw is None:
+        return None
+    try:
+        values = [int(v) for v in raw.split()]
+    except ValueError:
+        return None
+    return values or None
 
 
 def _read_int_file(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
+    values = _read_ints(path)
+    return values[0] if values else None
+
+
+@dataclass
+class LogDirState:
+    """Shared by every partition of one log directory: once a write or fsync failed, the directory
+    takes no more writes (Kafka marks the log dir offline) and the broker must stop."""
+
+    offline_reason: str | None = None
 
 
 class PartitionLog:
-    def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, clock: Clock) -> None:
+    def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, clock: Clock,
+                 dir_state: LogDirState | None = None) -> None:
         self.directory = directory
         self.topic = topic
         self.partition = partition
         self.name = f"{topic}-{partition}"
         self.config = config
         self.clock = clock
-        directory.mkdir(parents=True, exist_ok=True)
+        self.dir_state = dir_state or LogDirState()
+        fileio.fs.mkdir(directory)
         self.segments: list[LogSegment] = []
         self.producer_state = ProducerStateManager()
         self.log_start_offset = 0
@@ -122,10 +136,12 @@ class PartitionLog:
     def _load(self) -> None:
         bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
         now = self.clock.now_ms()
-        recovery_point = _read_int_file(self.directory / RECOVERY_POINT_FILE) or 0
+        recorded = _read_ints(self.directory / RECOVERY_POINT_FILE) or [0]
+        recovery_point = recorded[0]
         if not bases:
             start = _read_int_file(self.directory / LOG_START_FILE) or 0
             self.segments = [LogSegment(self.directory, start, now, self.config.index_interval_bytes)]
+            fileio.fs.fsync_dir(self.directory)
             self.log_start_offset = start
             self.recovery_point = start
             return
@@ -147,6 +163,16 @@ class PartitionLog:
                 log.info("%s: no producer state snapshot at %d; rebuilding from the log", self.name,
                          recovery_point)
             recovery_point = bases[0]  # rebuild everything (rare: first start after an upgrade)
+        if recovery_point > bases[0] and len(recorded) > 1 and \
+                self._flushed_aborted_txns(recovery_point) < recorded[1]:
+            log.warning("%s: the aborted-transaction index below the recovery point %d is missing entries "
+                        "(%d of %d); rebuilding the log's indexes and producer state from its start", self.name,
+                        recovery_point, self._flushed_aborted_txns(recovery_point), recorded[1])
+            self.producer_state = ProducerStateManager()
+            recovery_point = bases[0]
+            for seg in self.segments:
+                seg.txn_index.load(2**62)
+                seg.txn_index.truncate_to_offset(seg.base_offset)
         first_unflushed = 0
         for i in range(len(self.segments)):
             if i + 1 < len(self.segments) and self.segments[i + 1].base_offset <= recovery_point:
@@ -187,6 +213,14 @@ class PartitionLog:
             log.info("%s: recovered %d unflushed batch(es); log end offset %d", self.name, scanned_batches,
                      self.log_end_offset)
 
+    def _flushed_aborted_txns(self, recovery_point: int) -> int:
+        """How many aborted-transaction index entries on disk describe markers below ``recovery_point``."""
+        n = 0
+        for seg in self.segments:
+            seg.txn_index.load(recovery_point)
+            n += len(seg.txn_index.entries)
+        return n
+
     def _replay(self, seg: LogSegment, batches: list[tuple[int, rb.BatchHeader]]) -> None:
         for pos, header in batches:
             if header.producer_id < 0:
@@ -205,6 +239,7 @@ class PartitionLog:
     def append(self, records: bytes | bytearray, *, origin: AppendOrigin = AppendOrigin.CLIENT,
                leader_epoch: int = 0) -> AppendResult:
         """Validate and append whole batches; offsets are assigned here. See the module docstring."""
+        self._check_online()
         batches = rb.split_batches(records)
         max_bytes = self.config.max_message_bytes
         controls: list[rb.ControlMarker | None] = []
@@ -248,7 +283,7 @@ class PartitionLog:
             for done in self.producer_state.complete(plan, base_offsets):
                 if done.is_aborted:
                     seg.txn_index.append(AbortedTxn(done.producer_id, done.first_offset, done.last_offset,
-                                                    lso_before), sync=self.config.flush_every_append)
+                                                    lso_before))
         if self.config.flush_every_append:
             self.flush()
         return AppendResult(base_offsets[0], offset - 1, now if log_append_time else -1, self.log_start_offset)
@@ -261,10 +296,12 @@ class PartitionLog:
             self.roll(now_ms)
 
     def roll(self, now_ms: int | None = None) -> None:
-        """Start a new active segment at the log end offset (flushing the old one)."""
+        """Start a new active segment at the log end offset (flushing the old one); the new file's
+        name is durable before anything is appended to it."""
         now = self.clock.now_ms() if now_ms is None else now_ms
-        self.active.flush()
+        self._guarded(self.active.flush)
         self.segments.append(LogSegment(self.directory, self.log_end_offset, now, self.config.index_interval_bytes))
+        self._guarded(lambda: fileio.fs.fsync_dir(self.directory))
 
     # --- reads -----------------------------------------------------------------------------------
     def _segment_for(self, offset: int) -> int:
@@ -388,18 +425,49 @@ class PartitionLog:
         due = now_ms - self.last_flush_ms >= self.config.flush_interval_ms
         return due and self.recovery_point < self.log_end_offset
 
+    def sync(self) -> None:
+        """fsync every unflushed segment and its indexes, without moving the recovery point.
+
+        The transaction protocol calls this to make a transaction's data (and then its markers)
+        durable before the transaction log records the next step; the recovery point and producer
+        state snapshot follow at the next :meth:`flush`, and recovery rescans from the old one.
+        """
+        self._check_online()
+        for seg in self.segments:
+            if seg.needs_flush or seg is self.active:
+                self._guarded(seg.flush)
+
     def flush(self) -> None:
-        """fsync data and indexes, then record the recovery point and the producer state at it."""
+        """fsync data and indexes, then record the recovery point and the producer state at it.
+
+        Order (each step durable before the next starts): segment data, its offset/time/txn
+        indexes, the producer state snapshot at ``end``, then the recovery point (with the number of
+        aborted-transaction entries below it, so a lost index is detected on load).
+        """
         end = self.log_end_offset
         self.last_flush_ms = self.clock.now_ms()
         if end == self.recovery_point:
             return
-        for seg in self.segments:
-            if seg.dirty or seg is self.active:
-                seg.flush()
-        write_snapshot(self.directory / SNAPSHOT_FILE, self.producer_state.snapshot_bytes(end))
-        _write_int_file(self.directory / RECOVERY_POINT_FILE, end)
+        self.sync()
+        aborted = sum(len(seg.txn_index.entries) for seg in self.segments)
+        self._guarded(lambda: write_snapshot(self.directory / SNAPSHOT_FILE, self.producer_state.snapshot_bytes(end)))
+        self._guarded(lambda: _write_int_file(self.directory / RECOVERY_POINT_FILE, end, aborted))
         self.recovery_point = end
+
+    def _check_online(self) -> None:
+        if self.dir_state.offline_reason is not None:
+            raise fileio.StorageOfflineError(f"log directory offline: {self.dir_state.offline_reason}")
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        """Run a disk write step; on failure take the whole log directory offline (never retried)."""
+        try:
+            step()
+        except OSError as exc:
+            if self.dir_state.offline_reason is None:
+                self.dir_state.offline_reason = f"{self.name}: {exc}"
+                log.critical("%s: a write to disk failed (%s); the log directory takes no more writes",
+                             self.name, exc)
+            raise fileio.StorageOfflineError(str(exc)) from exc
 
     # --- retention -------------------------------------------------------------------------------
     def apply_retention(self, now_ms: int) -> int:
@@ -419,6 +487,7 @@ class PartitionLog:
             oldest.delete()
             deleted += 1
         if deleted:
+            self._after_delete()
             self._set_log_start(self.segments[0].base_offset)
             log.info("%s: retention deleted %d segment(s); log start offset now %d", self.name, deleted,
                      self.log_start_offset)
@@ -429,20 +498,38 @@ class PartitionLog:
             raise OffsetOutOfRangeError(f"{before_offset} is beyond the high watermark of {self.name}")
         if before_offset > self.log_start_offset:
             self._set_log_start(before_offset)
+            deleted = False
             while len(self.segments) > 1 and self.segments[1].base_offset <= before_offset:
                 self.segments.pop(0).delete()
+                deleted = True
+            if deleted:
+                self._after_delete()
+
+    def _after_delete(self) -> None:
+        """Segments were deleted: make that durable and keep the recorded index count consistent."""
+        self._guarded(lambda: fileio.fs.fsync_dir(self.directory))
+        if self.recovery_point >= self.segments[0].base_offset:
+            aborted = sum(len(seg.txn_index.entries) for seg in self.segments)
+            self.sync()
+            self._guarded(lambda: _write_int_file(self.directory / RECOVERY_POINT_FILE, self.recovery_point,
+                                                  aborted))
 
     def _set_log_start(self, offset: int) -> None:
         self.log_start_offset = max(self.log_start_offset, offset)
-        _write_int_file(self.directory / LOG_START_FILE, self.log_start_offset)
+        self._guarded(lambda: _write_int_file(self.directory / LOG_START_FILE, self.log_start_offset))
 
     # --- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
-        self.flush()
+        if self.dir_state.offline_reason is None:
+            self.flush()
         for seg in self.segments:
-            seg.close()
+            if self.dir_state.offline_reason is None:
+                seg.close()
+            else:
+                seg.abandon()  # nothing more may be written to a failed directory
 
     def delete(self) -> None:
         for seg in self.segments:
-            seg.delete()
-        shutil.rmtree(self.directory, ignore_errors=True)
+            seg.abandon()
+        fileio.fs.rmtree(self.directory)
+        fileio.fs.fsync_dir(self.directory.parent)

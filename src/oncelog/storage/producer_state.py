@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from pathlib import Path
 from kio.schema.errors import ErrorCode
 
 from oncelog.protocol import records as rb
+from oncelog.storage import fileio
 from oncelog.storage.errors import ProducerStateError
 
 NUM_BATCHES_TO_RETAIN = 5
@@ -255,9 +255,4 @@ class ProducerStateManager:
 
 
 def write_snapshot(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fileio.fs.write_atomic(path, data)

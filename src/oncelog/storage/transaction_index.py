@@ -3,16 +3,23 @@
 One 32-byte entry per aborted transaction whose ABORT marker is in this segment: producer_id i64,
 first_offset i64, last_offset i64 (the marker's offset), last_stable_offset i64 at completion.
 read_committed fetches use it to tell clients which producers' data to drop in the range they got.
-Entries are written when the marker is appended (rare, small); loading drops entries whose marker
-is past the end of the recovered log.
+
+Durability: entries are kept in memory and appended to the file when the segment is flushed, with
+the segment's data, before the recovery point moves past their markers (so an entry is on disk
+whenever the marker it describes is below the recovery point). Entries of markers above the
+recovery point are rebuilt by replaying the unflushed tail; a missing or short file below it is
+detected by the partition log (it records how many entries the flushed prefix holds) and rebuilt
+by replaying the log. Loading drops entries whose marker is past the end of the recovered log.
 """
 
 from __future__ import annotations
 
-import os
+import bisect
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+from oncelog.storage import fileio
 
 _ENTRY = struct.Struct(">qqqq")
 
@@ -26,45 +33,69 @@ class AbortedTxn:
 
 
 class TransactionIndex:
+    """Invariant: ``entries`` are in marker (last_offset) order, unique by (producer_id, last_offset);
+    the first ``_persisted`` of them are in the file."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self.entries: list[AbortedTxn] = []
+        self._keys: set[tuple[int, int]] = set()
+        self._persisted = 0
 
     def load(self, log_end_offset: int) -> None:
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            raw = b""
+        raw = fileio.read_file(self.path) or b""
         self.entries = []
+        self._keys = set()
         for i in range(len(raw) // _ENTRY.size):
             e = AbortedTxn(*_ENTRY.unpack_from(raw, i * _ENTRY.size))
-            if e.last_offset < log_end_offset:
+            if e.last_offset < log_end_offset and (e.producer_id, e.last_offset) not in self._keys and \
+                    (not self.entries or e.last_offset > self.entries[-1].last_offset):
                 self.entries.append(e)
+                self._keys.add((e.producer_id, e.last_offset))
+        self._persisted = len(self.entries)
         if len(self.entries) * _ENTRY.size != len(raw):
             self._rewrite()
 
-    def append(self, entry: AbortedTxn, *, sync: bool = False) -> None:
-        if any(e.producer_id == entry.producer_id and e.last_offset == entry.last_offset for e in self.entries):
-            return  # replayed during recovery: already indexed
+    def append(self, entry: AbortedTxn) -> None:
+        """Index an aborted transaction (in memory until :meth:`flush`); a replayed one is ignored."""
+        key = (entry.producer_id, entry.last_offset)
+        if key in self._keys:
+            return
+        if self.entries and entry.last_offset < self.entries[-1].last_offset:
+            return  # older than what is indexed: replay of a marker already covered
         self.entries.append(entry)
-        with open(self.path, "ab") as f:
-            f.write(_ENTRY.pack(entry.producer_id, entry.first_offset, entry.last_offset,
-                                entry.last_stable_offset))
-            if sync:
-                f.flush()
-                os.fsync(f.fileno())
+        self._keys.add(key)
+
+    @property
+    def dirty(self) -> bool:
+        return self._persisted != len(self.entries)
+
+    def flush(self) -> None:
+        """Append the entries not yet on disk and fsync the file."""
+        if not self.dirty:
+            return
+        fileio.fs.append_durable(self.path, b"".join(_pack(e) for e in self.entries[self._persisted:]))
+        self._persisted = len(self.entries)
 
     def truncate_to_offset(self, offset: int) -> None:
-        kept = [e for e in self.entries if e.last_offset < offset]
-        if len(kept) != len(self.entries):
-            self.entries = kept
+        i = bisect.bisect_left([e.last_offset for e in self.entries], offset)
+        if i == len(self.entries):
+            return
+        for e in self.entries[i:]:
+            self._keys.discard((e.producer_id, e.last_offset))
+        del self.entries[i:]
+        if i < self._persisted:
+            self._persisted = i
             self._rewrite()
 
     def overlapping(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
         return [e for e in self.entries if e.last_offset >= fetch_offset and e.first_offset < upper_bound]
 
     def _rewrite(self) -> None:
-        tmp = self.path.with_suffix(".txnindex.tmp")
-        tmp.write_bytes(b"".join(_ENTRY.pack(e.producer_id, e.first_offset, e.last_offset, e.last_stable_offset)
-                                 for e in self.entries))
-        os.replace(tmp, self.path)
+        if not self.entries and fileio.read_file(self.path) is None:
+            return
+        fileio.fs.write_atomic(self.path, b"".join(_pack(e) for e in self.entries[:self._persisted]))
+
+
+def _pack(e: AbortedTxn) -> bytes:
+    return _ENTRY.pack(e.producer_id, e.first_offset, e.last_offset, e.last_stable_offset)

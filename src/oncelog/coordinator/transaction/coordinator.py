@@ -59,6 +59,9 @@ class TxnResult:
     records: list[tuple[bytes, bytes | None]] = field(default_factory=list)
     markers: list[WriteMarkers] = field(default_factory=list)
     partition_errors: dict[TopicPartition, ErrorCode] = field(default_factory=dict)
+    # The records must be durable before the reply (or the markers) go out: epoch bumps, Ongoing,
+    # Prepare*. Complete* and expirations need not be: losing them replays the step before them.
+    durable: bool = True
 
 
 def _record(meta: TransactionMetadata) -> tuple[bytes, bytes | None]:
@@ -246,7 +249,8 @@ class TransactionCoordinator:
             return TxnResult()
         new = meta.transition(S.COMPLETE_COMMIT if commit else S.COMPLETE_ABORT, topic_partitions=frozenset(),
                               txn_start_timestamp_ms=-1, txn_last_update_timestamp_ms=self.clock.now_ms())
-        return TxnResult(producer_id=new.producer_id, producer_epoch=new.producer_epoch, records=[_record(new)])
+        return TxnResult(producer_id=new.producer_id, producer_epoch=new.producer_epoch, records=[_record(new)],
+                         durable=False)
 
     def pending_markers(self) -> list[WriteMarkers]:
         return [self._markers(m, commit=m.state is S.PREPARE_COMMIT)
@@ -260,8 +264,20 @@ class TransactionCoordinator:
                 results.append(self._abort_with_bump(meta, now_ms))
             elif meta.state in (S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT) and \
                     now_ms - meta.txn_last_update_timestamp_ms > self.transactional_id_expiration_ms:
-                results.append(TxnResult(records=[(txnlog.encode_key(meta.transactional_id), None)]))
+                results.append(TxnResult(records=[(txnlog.encode_key(meta.transactional_id), None)], durable=False))
         return results
+
+    def open_transactions(self) -> list[str]:
+        """Transactional ids whose transaction is Ongoing."""
+        return [t for t, m in self.transactions.items() if m.state is S.ONGOING]
+
+    def is_tracked(self, producer_id: int, topic: str, partition: int) -> bool:
+        """True if the coordinator knows ``producer_id``'s transaction as open on the partition
+        (Ongoing or being completed): its marker will come from the coordinator."""
+        tid = self._by_producer_id.get(producer_id)
+        meta = self.transactions.get(tid) if tid is not None else None
+        return meta is not None and (meta.state is S.ONGOING or meta.is_prepare) and \
+            (topic, partition) in meta.topic_partitions
 
     def abort_transaction(self, transactional_id: str) -> TxnResult:
         """Admin abort of an open transaction (like a timeout: the epoch is bumped)."""

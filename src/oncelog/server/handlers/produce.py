@@ -15,6 +15,7 @@ from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request
 from oncelog.server.topics import ensure_topic
 from oncelog.storage import errors as storage_errors
+from oncelog.storage.fileio import StorageOfflineError
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
@@ -65,6 +66,9 @@ def produce_partition(broker: Broker, topic: str, partition: int, data: bytes | 
         return _error(partition, ErrorCode.message_too_large, str(exc))
     except storage_errors.ProducerStateError as exc:
         return _error(partition, ErrorCode(exc.error_code), str(exc))
+    except StorageOfflineError as exc:
+        broker.storage_failed(exc)
+        return _error(partition, ErrorCode.kafka_storage_error, str(exc))
     if not result.duplicate:
         broker.notify_append((topic, partition))
     return {"index": partition, "error_code": ErrorCode.none, "base_offset": result.base_offset,

@@ -1,0 +1,115 @@
+"""Every write the storage layer makes to disk goes through ``fs``, one small interface.
+
+Why one module: durability is a property of the *order* of writes, fsyncs and renames, and that
+order is easiest to read, to change and to test when it is all in one place. Tests swap ``fs`` for a
+recording file system that keeps, beside the real files, what would survive a power cut at any
+instant (tests/storage/crashfs.py), the way LazyFS does from outside the process.
+
+Rules the callers keep (each one is a durability invariant):
+- ``write_atomic`` is the only way to replace a small metadata file: temp file, fsync, rename,
+  fsync of the directory. After it returns the new content survives a power cut; before, the old.
+- A new file (a segment, an index) is durable only after ``fsync_dir`` of its directory; a
+  segment's creation is followed by one.
+- ``fsync`` failing (EIO, ENOSPC on a thin volume) is not retried: the kernel may have dropped the
+  dirty pages and cleared the error, so a retry would report success for data that is gone.
+  Callers raise ``StorageOfflineError`` and stop writing (Kafka marks the log dir offline).
+
+Reads use ordinary file APIs: they see what the process wrote (the page cache), as on any system.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+
+class StorageOfflineError(OSError):
+    """A write or fsync failed: the log directory can no longer be trusted and takes no more writes."""
+
+
+class FileSystem:
+    """The real file system. Methods are the only write paths of the storage layer."""
+
+    # --- file descriptors (segments) -------------------------------------------------------------
+    def open_rw(self, path: Path) -> int:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def pwrite(self, fd: int, data: bytes | bytearray | memoryview, position: int) -> int:
+        return os.pwrite(fd, data, position)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    # --- whole files -------------------------------------------------------------------------------
+    def append_durable(self, path: Path, data: bytes) -> None:
+        """Append ``data`` to ``path`` (created if missing) and fsync the file."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            self._write_all(fd, data)
+            self.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def write_atomic(self, path: Path, data: bytes) -> None:
+        """Replace ``path`` with ``data``: the old or the new content survives a crash, never a mix."""
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            self._write_all(fd, data)
+            self.fsync(fd)
+        finally:
+            os.close(fd)
+        self.replace(tmp, path)
+        self.fsync_dir(path.parent)
+
+    def _write_all(self, fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+
+    # --- names -------------------------------------------------------------------------------------
+    def replace(self, src: Path, dst: Path) -> None:
+        os.replace(src, dst)
+
+    def unlink(self, path: Path) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def mkdir(self, path: Path) -> None:
+        """Create ``path`` (and parents) and make its entry durable in the parent directory."""
+        if path.is_dir():
+            return
+        path.mkdir(parents=True, exist_ok=True)
+        self.fsync_dir(path.parent)
+
+    def rmtree(self, path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def fsync_dir(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+fs: FileSystem = FileSystem()
+"""The file system the storage layer writes through; tests replace it (never production code)."""
+
+
+def read_file(path: Path) -> bytes | None:
+    """The content of ``path``, or None if it does not exist."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
