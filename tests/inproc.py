@@ -156,15 +156,18 @@ class InProcessBroker:
             data = part.records or b""
             if not data:
                 return out
-            aborted = {a.producer_id: a.first_offset for a in (part.aborted_transactions or [])}
+            aborted: dict[int, list[int]] = {}  # producer id -> first offsets of its aborted transactions
+            for a in sorted(part.aborted_transactions or [], key=lambda a: a.first_offset):
+                aborted.setdefault(a.producer_id, []).append(a.first_offset)
             aborting: set[int] = set()
             for _base, header, values, control in iter_batches(data):
                 if header.last_offset < offset:
                     continue
                 pid = header.producer_id
-                if pid in aborted and aborted[pid] <= header.base_offset:
+                starts = aborted.get(pid)
+                while starts and starts[0] <= header.base_offset:
+                    starts.pop(0)
                     aborting.add(pid)
-                    del aborted[pid]
                 if control is not None:
                     aborting.discard(pid)
                 elif not (read_committed and header.is_transactional and pid in aborting):

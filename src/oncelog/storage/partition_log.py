@@ -63,24 +63,16 @@ class FetchData:
     first_offset: int
 
 
-def _write_int_file(path: Path, *values: int) -> None:
-    fileio.fs.write_atomic(path, " ".join(map(str, values)).encode())
-
-
-def _read_ints(path: Path) -> list[int] | None:
-    raw = fileio.read_file(path)
-    if raw is None:
-        return None
-    try:
-        values = [int(v) for v in raw.split()]
-    except ValueError:
-        return None
-    return values or None
+def _write_int_file(path: Path, value: int) -> None:
+    fileio.fs.write_atomic(path, str(value).encode())
 
 
 def _read_int_file(path: Path) -> int | None:
-    values = _read_ints(path)
-    return values[0] if values else None
+    raw = fileio.read_file(path)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -136,8 +128,7 @@ class PartitionLog:
     def _load(self) -> None:
         bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
         now = self.clock.now_ms()
-        recorded = _read_ints(self.directory / RECOVERY_POINT_FILE) or [0]
-        recovery_point = recorded[0]
+        recovery_point = _read_int_file(self.directory / RECOVERY_POINT_FILE) or 0
         if not bases:
             start = _read_int_file(self.directory / LOG_START_FILE) or 0
             self.segments = [LogSegment(self.directory, start, now, self.config.index_interval_bytes)]
@@ -154,20 +145,22 @@ class PartitionLog:
             snapshot = ProducerStateManager.from_snapshot((self.directory / SNAPSHOT_FILE).read_bytes())
         except FileNotFoundError:
             pass
+        expected_aborted: dict[int, int] = {}
         if snapshot is not None and snapshot[1] >= recovery_point:
             # The snapshot is written after the data it describes was fsynced, so its offset is a
             # valid recovery point even if the broker died before updating the checkpoint file.
-            self.producer_state, recovery_point = snapshot
+            self.producer_state, recovery_point, expected_aborted = snapshot
         else:
             if recovery_point > bases[0]:
                 log.info("%s: no producer state snapshot at %d; rebuilding from the log", self.name,
                          recovery_point)
             recovery_point = bases[0]  # rebuild everything (rare: first start after an upgrade)
-        if recovery_point > bases[0] and len(recorded) > 1 and \
-                self._flushed_aborted_txns(recovery_point) < recorded[1]:
-            log.warning("%s: the aborted-transaction index below the recovery point %d is missing entries "
-                        "(%d of %d); rebuilding the log's indexes and producer state from its start", self.name,
-                        recovery_point, self._flushed_aborted_txns(recovery_point), recorded[1])
+        short = [seg.path.name for seg in self.segments
+                 if self._flushed_aborted_txns(seg, recovery_point) < expected_aborted.get(seg.base_offset, 0)]
+        if recovery_point > bases[0] and short:
+            log.warning("%s: the aborted-transaction index of %s misses entries below the recovery point %d; "
+                        "rebuilding the log's indexes and producer state from its start", self.name,
+                        ", ".join(short), recovery_point)
             self.producer_state = ProducerStateManager()
             recovery_point = bases[0]
             for seg in self.segments:
@@ -213,13 +206,11 @@ class PartitionLog:
             log.info("%s: recovered %d unflushed batch(es); log end offset %d", self.name, scanned_batches,
                      self.log_end_offset)
 
-    def _flushed_aborted_txns(self, recovery_point: int) -> int:
-        """How many aborted-transaction index entries on disk describe markers below ``recovery_point``."""
-        n = 0
-        for seg in self.segments:
-            seg.txn_index.load(recovery_point)
-            n += len(seg.txn_index.entries)
-        return n
+    @staticmethod
+    def _flushed_aborted_txns(seg: LogSegment, recovery_point: int) -> int:
+        """How many of ``seg``'s aborted-transaction entries on disk describe markers below ``recovery_point``."""
+        seg.txn_index.load(recovery_point)
+        return len(seg.txn_index.entries)
 
     def _replay(self, seg: LogSegment, batches: list[tuple[int, rb.BatchHeader]]) -> None:
         for pos, header in batches:
@@ -441,17 +432,18 @@ class PartitionLog:
         """fsync data and indexes, then record the recovery point and the producer state at it.
 
         Order (each step durable before the next starts): segment data, its offset/time/txn
-        indexes, the producer state snapshot at ``end``, then the recovery point (with the number of
-        aborted-transaction entries below it, so a lost index is detected on load).
+        indexes, the producer state snapshot at ``end`` (with each segment's number of aborted-
+        transaction entries, so a lost or short index is detected on load), then the recovery point.
         """
         end = self.log_end_offset
         self.last_flush_ms = self.clock.now_ms()
         if end == self.recovery_point:
             return
         self.sync()
-        aborted = sum(len(seg.txn_index.entries) for seg in self.segments)
-        self._guarded(lambda: write_snapshot(self.directory / SNAPSHOT_FILE, self.producer_state.snapshot_bytes(end)))
-        self._guarded(lambda: _write_int_file(self.directory / RECOVERY_POINT_FILE, end, aborted))
+        aborted = {seg.base_offset: len(seg.txn_index.entries) for seg in self.segments if seg.txn_index.entries}
+        self._guarded(lambda: write_snapshot(self.directory / SNAPSHOT_FILE,
+                                             self.producer_state.snapshot_bytes(end, aborted)))
+        self._guarded(lambda: _write_int_file(self.directory / RECOVERY_POINT_FILE, end))
         self.recovery_point = end
 
     def _check_online(self) -> None:
@@ -506,13 +498,8 @@ class PartitionLog:
                 self._after_delete()
 
     def _after_delete(self) -> None:
-        """Segments were deleted: make that durable and keep the recorded index count consistent."""
+        """Segments were deleted: make that durable."""
         self._guarded(lambda: fileio.fs.fsync_dir(self.directory))
-        if self.recovery_point >= self.segments[0].base_offset:
-            aborted = sum(len(seg.txn_index.entries) for seg in self.segments)
-            self.sync()
-            self._guarded(lambda: _write_int_file(self.directory / RECOVERY_POINT_FILE, self.recovery_point,
-                                                  aborted))
 
     def _set_log_start(self, offset: int) -> None:
         self.log_start_offset = max(self.log_start_offset, offset)

@@ -225,9 +225,11 @@ class ProducerStateManager:
         return len(expired)
 
     # --- snapshots -------------------------------------------------------------------------------
-    def snapshot_bytes(self, offset: int) -> bytes:
+    def snapshot_bytes(self, offset: int, aborted_txns: dict[int, int] | None = None) -> bytes:
+        """The state as of ``offset``; ``aborted_txns`` maps a segment's base offset to how many
+        aborted-transaction index entries it holds below ``offset`` (checked on load)."""
         body = json.dumps({
-            "version": 1, "offset": offset,
+            "version": 1, "offset": offset, "aborted_txns": aborted_txns,
             "producers": [[e.producer_id, e.producer_epoch, e.coordinator_epoch, e.current_txn_first_offset,
                            e.last_timestamp, [dataclasses.astuple(b) for b in e.batches]]
                           for e in self.producers.values()],
@@ -235,8 +237,8 @@ class ProducerStateManager:
         return zlib.crc32(body).to_bytes(4, "big") + body
 
     @classmethod
-    def from_snapshot(cls, data: bytes) -> tuple[ProducerStateManager, int] | None:
-        """(state, offset) from a snapshot, or None if it is corrupt."""
+    def from_snapshot(cls, data: bytes) -> tuple[ProducerStateManager, int, dict[int, int]] | None:
+        """(state, offset, aborted_txns) from a snapshot, or None if it is corrupt."""
         if len(data) < 4 or zlib.crc32(data[4:]) != int.from_bytes(data[:4], "big"):
             return None
         try:
@@ -251,7 +253,8 @@ class ProducerStateManager:
             mgr.producers[pid] = entry
             if txn_first is not None:
                 mgr.ongoing[pid] = txn_first
-        return mgr, int(doc["offset"])
+        aborted = {int(base): int(n) for base, n in (doc.get("aborted_txns") or {}).items()}
+        return mgr, int(doc["offset"]), aborted
 
 
 def write_snapshot(path: Path, data: bytes) -> None:
