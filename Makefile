@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench soak clean java-check
+.PHONY: setup demo test lint bench soak fuzz clean java-check
 
 setup: $(STAMP)
 
@@ -50,6 +50,14 @@ soak: setup
 		--faults drop,reset,delay,zombie,crash,broker-kill,broker-pause \
 		--broker-cmd "$(CURDIR)/$(BIN)/python -m oncelog broker --data-dir $(SOAK_DIR) --listen 127.0.0.1:{port}" \
 		--report soak-report.html
+
+# Long adversarial runs (about 20 minutes): the transaction model for 12,000 steps, and 1,000
+# power cuts per fsync mode on the recording file system.
+fuzz: setup
+	ONCELOG_MODEL_EXAMPLES=400 $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 0 \
+		tests/transactions/test_txn_model.py
+	ONCELOG_POWER_CUT_ROUNDS=1000 ONCELOG_POWER_CUT_SEED=$${SEED:-1000} $(BIN)/python -m pytest -q \
+		-p no:cacheprovider --timeout 0 tests/storage/test_power_cut.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
