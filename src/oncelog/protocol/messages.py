@@ -43,6 +43,8 @@ class Request:
     correlation_id: int
     client_id: str | None
     body: Any
+    # Who sent it (the server's connection: principal, host, throttling); None outside a server.
+    session: Any = None
 
 
 @cache

@@ -20,6 +20,7 @@ from oncelog.clock import Clock, SystemClock
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.versions import SUPPORTED_VERSIONS
 from oncelog.server.config import BrokerConfig
+from oncelog.server.quotas import QuotaManager
 from oncelog.storage import fileio
 from oncelog.storage.config import LogConfig
 from oncelog.storage.log_manager import LogManager
@@ -68,6 +69,9 @@ class Broker:
         self.handlers = HANDLERS
         self.supported_versions = {k: v for k, v in SUPPORTED_VERSIONS.items() if k in HANDLERS}
         self.connections: set[Any] = set()
+        self.queued_request_bytes = 0  # request bytes read and not yet handled, all connections
+        self.produce_quota = QuotaManager(config.quota_producer_default)
+        self.fetch_quota = QuotaManager(config.quota_consumer_default)
         self._waiters: dict[TopicPartition, set[asyncio.Future[None]]] = {}
         self._server: asyncio.base_events.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -112,6 +116,8 @@ class Broker:
             self.coordination.expire_transactions)))
         self._tasks.append(loop.create_task(self._every(60_000, self._expire_producers)))
         self._tasks.append(loop.create_task(self._every(100, self.coordination.tick_groups)))
+        self._tasks.append(loop.create_task(self._every(
+            min(max(self.config.connections_max_idle_ms // 4, 100), 30_000), self._close_idle_connections)))
         self._tasks.append(loop.create_task(self._every(600_000, self.coordination.expire_offsets)))
         self._tasks.append(loop.create_task(self._every(
             self.config.internal_log_checkpoint_interval_ms, self._checkpoint_internal_logs)))
@@ -195,6 +201,41 @@ class Broker:
 
     def _retention(self) -> None:
         self.logs.apply_retention_all(self.clock.now_ms())
+
+    # --- connections ------------------------------------------------------------------------------
+    def admit(self, conn: Any) -> str | None:
+        """Register a new connection, or say why it is refused (max.connections[.per.ip])."""
+        cfg = self.config
+        if len(self.connections) >= cfg.max_connections:
+            return f"max.connections ({cfg.max_connections}) reached"
+        if sum(1 for c in self.connections if c.host == conn.host) >= cfg.max_connections_per_ip:
+            return f"max.connections.per.ip ({cfg.max_connections_per_ip}) reached for {conn.host}"
+        self.connections.add(conn)
+        return None
+
+    def _close_idle_connections(self) -> None:
+        import time
+
+        limit = self.config.connections_max_idle_ms / 1000
+        now = time.monotonic()
+        for conn in list(self.connections):
+            if now - conn.last_active > limit and not conn.frames:
+                log.info("closing connection from %s: idle for more than %d ms", conn.peer,
+                         self.config.connections_max_idle_ms)
+                conn.close()
+
+    def throttle(self, request: Any, quota: QuotaManager, nbytes: int) -> int:
+        """Account ``nbytes`` to the request's principal; the throttle time to answer with (and to
+        mute its connection for)."""
+        session = request.session
+        if session is None or not quota.enabled:
+            return 0
+        principal = session.principal if session.principal != "User:ANONYMOUS" else \
+            f"client-id:{request.client_id or ''}"
+        ms = quota.record(principal, nbytes, self.clock.now_ms())
+        if ms > 0:
+            session.throttle_ms = max(session.throttle_ms, ms)
+        return ms
 
     # --- delayed fetch support ------------------------------------------------------------------
     def notify_append(self, tp: TopicPartition) -> None:

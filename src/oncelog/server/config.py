@@ -63,6 +63,20 @@ class BrokerConfig:
     # (what compaction does for Kafka's __consumer_offsets and __transaction_state).
     internal_log_checkpoint_bytes: int = 16 * 1024 * 1024
     internal_log_checkpoint_interval_ms: int = 30_000
+    # Limits (Kafka's names): a slow or hostile client cannot exhaust the broker.
+    max_connections: int = 2**31 - 1
+    max_connections_per_ip: int = 2**31 - 1
+    connections_max_idle_ms: int = 600_000
+    # Request bytes read but not yet handled, over all connections; reading pauses above it.
+    queued_max_request_bytes: int = 512 * 1024 * 1024
+    # Per connection: requests queued while one is handled, and response bytes not yet taken by
+    # the client above which the broker stops reading its requests (Kafka mutes the channel).
+    queued_max_requests_per_connection: int = 32
+    socket_send_buffer_high_bytes: int = 1024 * 1024
+    fetch_max_bytes: int = 55 * 1024 * 1024
+    # Byte-rate quotas per principal (bytes/s; the default is unlimited), answered with throttle_time_ms.
+    quota_producer_default: int = 2**63 - 1
+    quota_consumer_default: int = 2**63 - 1
     log_level: str = "INFO"
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -2,8 +2,20 @@
 
 Kafka processes a connection's requests strictly in order (the socket is muted while a request is
 in flight) and clients rely on responses arriving in request order. ``KafkaConnection`` keeps that
-invariant with a single processing task per connection draining a queue of frames; reading pauses
-when the queue grows, so a fast producer cannot make the broker buffer without bound.
+invariant with a single processing task per connection draining a queue of frames.
+
+Memory a connection can hold, whatever the client does (the bound ``make test`` checks): one
+partial frame (at most ``socket_request_max_bytes``), the queued requests (reading pauses at
+``queued_max_requests_per_connection`` frames, or when every connection's queued bytes together
+exceed ``queued_max_request_bytes``), and the responses the client has not read: once the
+transport's buffer passes ``socket_send_buffer_high_bytes`` (asyncio's ``pause_writing``) no
+further request is handled and nothing more is read until the client drains it, so at most one
+response (a Fetch is capped by ``fetch_max_bytes``) lands above that mark. A client that never
+reads its responses therefore costs a bounded amount, not a growing one.
+
+Quotas: a response carrying a throttle time mutes the connection for that long before its next
+request is handled (KIP-219). Connections beyond ``max_connections`` (or ``max_connections_per_ip``
+from one address) are closed on accept; idle ones are closed after ``connections_max_idle_ms``.
 
 Nothing a client sends may kill the broker: framing errors and unparsable requests close this
 connection only; a handler bug is logged and closes this connection only.
@@ -12,8 +24,10 @@ connection only; a handler bug is logged and closes this connection only.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -40,34 +54,62 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("oncelog.server")
 
-_MAX_QUEUED_FRAMES = 32
-
-
 class KafkaConnection(asyncio.Protocol):
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self.decoder = FrameDecoder(broker.config.socket_request_max_bytes)
+        cfg = broker.config
+        self.decoder = FrameDecoder(cfg.socket_request_max_bytes)
         self.transport: asyncio.Transport | None = None
         self.frames: deque[bytes] = deque()
+        self.queued_bytes = 0
         self.task: asyncio.Task[None] | None = None
-        self.paused = False
+        self.reading_paused = False
+        self.writable = asyncio.Event()
+        self.writable.set()
         self.closed = False
         self.peer = "?"
+        self.host = "?"
+        self.principal = "User:ANONYMOUS"
+        self.last_active = time.monotonic()
+        self._max_frames = max(cfg.queued_max_requests_per_connection, 1)
+        self.throttle_ms = 0  # set by a handler whose response carries a throttle time
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.broker.connections.add(self)
+        self.host = str(peer[0]) if peer else "?"
+        refusal = self.broker.admit(self)
+        if refusal is not None:
+            log.warning("refusing a connection from %s: %s", self.peer, refusal)
+            self.closed = True
+            transport.close()
+            return
+        high = max(self.broker.config.socket_send_buffer_high_bytes, 1)
+        transport.set_write_buffer_limits(high=high, low=high // 4)  # type: ignore[attr-defined]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.broker.connections.discard(self)
+        self.broker.queued_request_bytes -= self.queued_bytes
+        self.queued_bytes = 0
+        self.frames.clear()
+        self.writable.set()
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
+    def pause_writing(self) -> None:
+        """The client is not reading its responses: handle nothing more until it does."""
+        self.writable.clear()
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+        self._update_reading()
+
     def data_received(self, data: bytes) -> None:
+        self.last_active = time.monotonic()
         try:
             frames = self.decoder.receive_data(data)
         except FrameError as exc:
@@ -77,11 +119,26 @@ class KafkaConnection(asyncio.Protocol):
         if not frames:
             return
         self.frames.extend(frames)
-        if len(self.frames) >= _MAX_QUEUED_FRAMES and not self.paused and self.transport is not None:
-            self.transport.pause_reading()
-            self.paused = True
+        n = sum(len(f) for f in frames)
+        self.queued_bytes += n
+        self.broker.queued_request_bytes += n
+        self._update_reading()
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self._drain())
+
+    def _update_reading(self) -> None:
+        """Read while the queue is short, the broker has room and the client takes its responses."""
+        if self.transport is None or self.closed:
+            return
+        cfg = self.broker.config
+        full = len(self.frames) >= self._max_frames or not self.writable.is_set() or \
+            (self.frames and self.broker.queued_request_bytes > cfg.queued_max_request_bytes)
+        if full and not self.reading_paused:
+            self.transport.pause_reading()
+            self.reading_paused = True
+        elif not full and self.reading_paused:
+            self.transport.resume_reading()
+            self.reading_paused = False
 
     def close(self) -> None:
         self.closed = True
@@ -91,10 +148,14 @@ class KafkaConnection(asyncio.Protocol):
     # --- request processing -------------------------------------------------------------------
     async def _drain(self) -> None:
         while self.frames and not self.closed:
+            if not self.writable.is_set():
+                await self.writable.wait()
+                if self.closed:
+                    return
             frame = self.frames.popleft()
-            if self.paused and len(self.frames) < _MAX_QUEUED_FRAMES // 2 and self.transport is not None:
-                self.transport.resume_reading()
-                self.paused = False
+            self.queued_bytes -= len(frame)
+            self.broker.queued_request_bytes -= len(frame)
+            self._update_reading()
             try:
                 out = await self._handle_frame(frame)
             except asyncio.CancelledError:
@@ -113,6 +174,11 @@ class KafkaConnection(asyncio.Protocol):
                     self.transport.writelines(out)  # a Fetch response with its record sets unjoined
                 else:
                     self.transport.write(out)
+                self.last_active = time.monotonic()
+            if self.throttle_ms > 0:
+                # KIP-219: the response went out with its throttle time; mute until it has passed.
+                delay, self.throttle_ms = self.throttle_ms, 0
+                await asyncio.sleep(delay / 1000)
 
     async def _handle_frame(self, frame: bytes) -> bytes | list[Any] | None:
         broker = self.broker
@@ -125,6 +191,7 @@ class KafkaConnection(asyncio.Protocol):
             self.close()
             return None
         handler = broker.handlers[request.api_key]
+        request = dataclasses.replace(request, session=self)
         result: Any = handler(broker, request)
         if inspect.isawaitable(result):
             result = await result

@@ -83,7 +83,9 @@ def read_fetch(broker: Broker, body: Any, isolation_level: int,
 async def handle_fetch(broker: Broker, req: Request) -> dict[str, Any]:
     body = req.body
     isolation_level = getattr(body, "isolation_level", 0)
-    max_bytes = getattr(body, "max_bytes", 0x7FFFFFFF)
+    # fetch.max.bytes caps what one response may carry, whatever the client asks for (except that
+    # the first batch is always returned whole, KIP-74).
+    max_bytes = min(getattr(body, "max_bytes", 0x7FFFFFFF), broker.config.fetch_max_bytes)
     max_wait_s = max(td_ms(body.max_wait), 0) / 1000
     min_bytes = body.min_bytes
     deadline = time.monotonic() + max_wait_s
@@ -97,4 +99,5 @@ async def handle_fetch(broker: Broker, req: Request) -> dict[str, Any]:
         if time.monotonic() >= deadline:
             topics_out, total, errored = read_fetch(broker, body, isolation_level, max_bytes)
             break
-    return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": topics_out}
+    throttle = broker.throttle(req, broker.fetch_quota, total)
+    return {"throttle_time": throttle, "error_code": ErrorCode.none, "session_id": 0, "responses": topics_out}

@@ -86,6 +86,8 @@ def handle_produce(broker: Broker, req: Request) -> dict[str, Any] | None:
                  else _error(pd.index, ErrorCode.invalid_required_acks, f"acks must be -1, 0 or 1, not {body.acks}")
                  for pd in topic_data.partition_data]
         responses.append({"name": topic_data.name, "partition_responses": parts})
+    nbytes = sum(len(pd.records or b"") for t in body.topic_data for pd in t.partition_data)
+    throttle = broker.throttle(req, broker.produce_quota, nbytes)
     if body.acks == 0:
         return None
-    return {"responses": responses, "throttle_time": 0}
+    return {"responses": responses, "throttle_time": throttle}
