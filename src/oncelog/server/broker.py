@@ -19,6 +19,7 @@ from typing import Any
 from oncelog.clock import Clock, SystemClock
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.versions import SUPPORTED_VERSIONS
+from oncelog.security.listener import ListenerSecurity
 from oncelog.server.config import BrokerConfig
 from oncelog.server.quotas import QuotaManager
 from oncelog.storage import fileio
@@ -89,6 +90,10 @@ class Broker:
             max_message_bytes=config.message_max_bytes,
         )
         try:
+            self.security = ListenerSecurity(  # credentials, TLS, SASL (oncelog.security)
+                config.data_dir, sasl_mechanisms=config.sasl_enabled_mechanisms if config.sasl_enabled else None,
+                tls_cert=Path(config.tls_cert) if config.tls_cert else None,
+                tls_key=Path(config.tls_key) if config.tls_key else None)
             self.logs = LogManager(config.data_dir, self.log_defaults, self.clock)
             from oncelog.server.coordination import Coordination
 
@@ -106,7 +111,7 @@ class Broker:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: KafkaConnection(self), self.config.listen_host, self.config.listen_port,
-            reuse_address=True, backlog=512,
+            reuse_address=True, backlog=512, ssl=self.security.ssl_context,
         )
         self._tasks.append(loop.create_task(self._every(self.config.flush_interval_ms, self._flush)))
         self._tasks.append(loop.create_task(
@@ -122,9 +127,9 @@ class Broker:
         self._tasks.append(loop.create_task(self._every(
             self.config.internal_log_checkpoint_interval_ms, self._checkpoint_internal_logs)))
         host, port = self.config.advertised
-        log.info("oncelog broker %d listening on %s:%d (advertised %s:%d), data in %s",
-                 self.config.node_id, self.config.listen_host, self.config.listen_port, host, port,
-                 self.config.data_dir)
+        log.info("oncelog broker %d listening on %s:%d (%s, advertised %s:%d), data in %s",
+                 self.config.node_id, self.config.listen_host, self.config.listen_port, self.security.protocol,
+                 host, port, self.config.data_dir)
 
     @property
     def bound_port(self) -> int:

@@ -25,6 +25,22 @@ def parse_host_port(value: str) -> tuple[str, int]:
     return host, port
 
 
+DEFAULT_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def parse_list(name: str, value: Any, separator: str) -> list[str]:
+    """A TOML list, or one string: Kafka's comma list (``sasl.enabled.mechanisms``) or, for
+    ``super.users``, Kafka's ';' list (names may hold ',') where ',' also works when there is no ';'."""
+    if isinstance(value, str):
+        sep = separator if separator in value or separator == "," else ","
+        items = value.split(sep)
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        items = list(value)
+    else:
+        raise ValueError(f"config {name!r} must be a list of strings or a string")
+    return [item.strip() for item in items if item.strip()]
+
+
 @dataclass
 class BrokerConfig:
     data_dir: Path = Path("./oncelog-data")
@@ -78,6 +94,15 @@ class BrokerConfig:
     quota_producer_default: int = 2**63 - 1
     quota_consumer_default: int = 2**63 - 1
     log_level: str = "INFO"
+    # Security (docs/design/security.md): SASL on the listener (Kafka's SASL_PLAINTEXT, or SASL_SSL
+    # with TLS), TLS from a PEM certificate and key, and the principals every authorizer lets through.
+    sasl_enabled: bool = False
+    sasl_enabled_mechanisms: list[str] = field(default_factory=lambda: list(DEFAULT_SASL_MECHANISMS))
+    sasl_server_max_receive_size: int = 524288  # largest frame before authentication (Kafka's default)
+    connection_failed_authentication_delay_ms: int = 100  # answer a failed login after this long
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    super_users: list[str] = field(default_factory=list)  # "User:NAME"; read by the authorizer
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -102,6 +127,14 @@ class BrokerConfig:
                 continue
             if key not in names or key == "extra":
                 raise ValueError(f"unknown broker config {raw_key!r}")
+            if key in ("sasl_enabled_mechanisms", "super_users"):
+                setattr(self, key, parse_list(raw_key, value, ";" if key == "super_users" else ","))
+                continue
+            if key in ("tls_cert", "tls_key"):
+                if value is not None and not isinstance(value, str):
+                    raise ValueError(f"config {raw_key!r} must be a file path")
+                setattr(self, key, value or None)
+                continue
             current = getattr(self, key)
             if key == "data_dir":
                 value = Path(value)
@@ -111,6 +144,35 @@ class BrokerConfig:
             elif isinstance(current, int) and not isinstance(value, int):
                 raise ValueError(f"config {raw_key!r} must be an integer")
             setattr(self, key, value)
+
+    @property
+    def security_protocol(self) -> str:
+        """The listener's security protocol, as Kafka names it."""
+        tls = self.tls_cert is not None
+        return ("SASL_SSL" if tls else "SASL_PLAINTEXT") if self.sasl_enabled else ("SSL" if tls else "PLAINTEXT")
+
+    def validate_security(self) -> None:
+        """ValueError for a combination that cannot run (the CLI exits 2 with the message)."""
+        from oncelog.security.sasl_server_authenticator import SUPPORTED_MECHANISMS
+
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key (tls_cert, tls_key) must be given together")
+        unknown = [m for m in self.sasl_enabled_mechanisms if m not in SUPPORTED_MECHANISMS]
+        if unknown:
+            raise ValueError(f"unsupported SASL mechanism(s) {', '.join(unknown)} in sasl_enabled_mechanisms "
+                             f"(supported: {', '.join(SUPPORTED_MECHANISMS)})")
+        if self.sasl_enabled and not self.sasl_enabled_mechanisms:
+            raise ValueError("SASL is enabled but sasl_enabled_mechanisms is empty")
+        for principal in self.super_users:
+            kind, sep, name = principal.partition(":")
+            if kind != "User" or not sep or not name:
+                raise ValueError(f"super user {principal!r} must be a principal of the form User:NAME")
+        if self.sasl_server_max_receive_size < 1024:
+            raise ValueError("sasl_server_max_receive_size must be at least 1024 bytes")
+        if self.tls_cert is not None and self.tls_key is not None:
+            from oncelog.security.tls import server_context
+
+            server_context(Path(self.tls_cert), Path(self.tls_key))  # fail now, not at the first client
 
     @classmethod
     def from_toml(cls, path: Path) -> BrokerConfig:

@@ -9,6 +9,8 @@ from typing import Any
 
 from oncelog.protocol import versions as v
 from oncelog.server.handlers import admin, coordinator_lookup, fetch, group, list_offsets, metadata, produce, txn
+from oncelog.server.handlers import sasl as sasl
+from oncelog.server.handlers import scram_credentials as scram_credentials
 
 Handler = Callable[[Any, Any], Any]
 
@@ -43,4 +45,9 @@ HANDLERS: dict[int, Handler] = {
     v.API_DESCRIBE_GROUPS: group.handle_describe_groups,
     v.API_DELETE_GROUPS: group.handle_delete_groups,
     v.API_OFFSET_DELETE: group.handle_offset_delete,
+    # Authentication and users (oncelog.security).
+    v.API_SASL_HANDSHAKE: sasl.handle_sasl_handshake,
+    v.API_SASL_AUTHENTICATE: sasl.handle_sasl_authenticate,
+    v.API_DESCRIBE_USER_SCRAM_CREDENTIALS: scram_credentials.handle_describe_user_scram_credentials,
+    v.API_ALTER_USER_SCRAM_CREDENTIALS: scram_credentials.handle_alter_user_scram_credentials,
 }
