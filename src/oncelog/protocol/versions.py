@@ -61,7 +61,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     API_SYNC_GROUP: (0, 5),
     API_DESCRIBE_GROUPS: (0, 5),
     API_LIST_GROUPS: (0, 4),
-    API_SASL_HANDSHAKE: (1, 1),  # v0 (raw tokens, pre-KIP-152) is not served
+    API_SASL_HANDSHAKE: (0, 1),  # librdkafka before 2.x only sees SASL when v0 is advertised
     API_API_VERSIONS: (0, 3),
     API_CREATE_TOPICS: (2, 7),
     API_DELETE_TOPICS: (1, 6),

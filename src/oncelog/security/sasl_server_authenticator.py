@@ -9,8 +9,9 @@ SaslServerAuthenticator, KIP-43 and KIP-152).
 Only the request each state names may be handled; the server closes the connection on any other
 (Kafka closes it too: an unauthenticated peer never reaches another API's parser). FAILED is final:
 the server sends the failure response and closes. A second ApiVersions before the handshake is
-refused as Kafka refuses it. Only SaslHandshake v1 is served, so tokens always travel inside
-SaslAuthenticate requests (KIP-152), never as raw frames.
+refused as Kafka refuses it. After SaslHandshake v1 tokens travel inside SaslAuthenticate requests
+(KIP-152); after v0 (clients older than Kafka 1.0) each token is a bare size-prefixed frame with no
+request header, and a failure simply closes the connection.
 
 Not thread-safe; one per connection. ``authenticate`` may run on a worker thread (PLAIN's PBKDF2)
 while the connection waits for it: the connection handles nothing else meanwhile.
@@ -83,6 +84,7 @@ class SaslServerAuthenticator:
         self.state = SaslState.HANDSHAKE_OR_VERSIONS_REQUEST
         self.mechanism: str | None = None
         self.username: str | None = None
+        self.raw_tokens = False  # SaslHandshake v0: tokens are bare frames, not SaslAuthenticate requests
         self._server: ScramSaslServer | PlainSaslServer | None = None
 
     @property
@@ -99,6 +101,11 @@ class SaslServerAuthenticator:
             raise IllegalSaslStateError(f"SASL state {self.state.value} cannot go to {state.value}")
         self.state = state
 
+    @property
+    def expects_raw_token(self) -> bool:
+        """The next frame is a bare SASL token (after SaslHandshake v0), not a Kafka request."""
+        return self.raw_tokens and self.state is SaslState.AUTHENTICATE
+
     def allows(self, api_key: int) -> bool:
         """May a request with this key be handled now? Everything, once authenticated."""
         if self.state is SaslState.COMPLETE:
@@ -110,13 +117,14 @@ class SaslServerAuthenticator:
         if self.state is SaslState.HANDSHAKE_OR_VERSIONS_REQUEST:
             self._transition_to(SaslState.HANDSHAKE_REQUEST)
 
-    def handshake(self, mechanism: str) -> bool:
+    def handshake(self, mechanism: str, version: int = 1) -> bool:
         """SaslHandshake: True if the mechanism is enabled (then tokens follow); False fails the connection."""
         if mechanism not in self.enabled_mechanisms:
             self._transition_to(SaslState.FAILED)
             return False
         self._transition_to(SaslState.AUTHENTICATE)
         self.mechanism = mechanism
+        self.raw_tokens = version == 0
         if mechanism == PLAIN:
             self._server = PlainSaslServer(self._lookup, self._decoy_secret)
         else:

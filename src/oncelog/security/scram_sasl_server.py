@@ -12,6 +12,11 @@ Where this is stricter than Kafka (each closes a hole, none changes what a corre
 - an unknown user gets a server-first message with a decoy salt (derived from a per-broker secret,
   stable for the broker's lifetime) and fails at the proof, so the exchange does not reveal which
   users exist; Kafka fails at the first message;
+- the client-final nonce must be exactly the server-first one (RFC 5802 §5.1), with one tolerated
+  exception: librdkafka before 2.6.1 (Debian's kcat links 2.0.2) sends the client nonce twice,
+  ``<cnonce><cnonce><snonce>``; Kafka 3.8.1+ accepts any string ending in the server-first nonce for
+  its sake, this accepts that one form only. Either way the fresh server nonce must be there, so a
+  recorded exchange cannot be replayed, and the proof covers the nonce as sent;
 - the channel binding must be the gs2 header the client sent (RFC 5802 §5.1: ``c=biws`` for ``n,,``);
 - the credential is looked up again at client-final: a user deleted or re-keyed in between fails;
 - ``m=`` (a mandatory extension) and ``tokenauth=true`` (delegation tokens, not supported here) fail.
@@ -100,7 +105,8 @@ class ScramSaslServer:
         first, credential = self._first, self._credential
         assert first is not None and credential is not None
         final = ClientFinalMessage.parse(token)
-        if final.nonce != first.nonce + self._server_nonce:
+        expected = first.nonce + self._server_nonce
+        if final.nonce != expected and final.nonce != first.nonce + expected:
             raise SaslError("Invalid client nonce in the final client message.")
         if final.channel_binding != first.gs2_header.encode():
             raise SaslError("the channel binding does not repeat the gs2 header")

@@ -54,6 +54,7 @@ from oncelog.protocol.messages import (
 )
 from oncelog.protocol.versions import API_API_VERSIONS, api_name
 from oncelog.security.sasl_server_authenticator import SaslServerAuthenticator
+from oncelog.server.handlers.sasl import handle_raw_token
 from oncelog.storage.fileio import StorageOfflineError
 
 if TYPE_CHECKING:
@@ -203,6 +204,8 @@ class KafkaConnection(asyncio.Protocol):
     async def _handle_frame(self, frame: bytes) -> bytes | list[Any] | None:
         broker = self.broker
         auth = self.authenticator
+        if auth is not None and auth.expects_raw_token:  # after SaslHandshake v0: a bare token, no header
+            return await handle_raw_token(broker, self, auth, frame)
         if auth is not None and not auth.complete and not self._may_handle_before_authentication(frame, auth):
             self.close()
             return None
