@@ -63,7 +63,8 @@ def sasl_broker(start_broker: Callable[..., BrokerProcess]) -> BrokerProcess:
 
 @pytest.fixture(scope="session")
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A self-signed CA, a server certificate for 127.0.0.1/localhost signed by it, and an unrelated CA."""
+    """A CA and a server certificate for 127.0.0.1/localhost signed by it, an unrelated CA, and a
+    self-signed server certificate (its own CA)."""
     d = tmp_path_factory.mktemp("tls")
 
     def openssl(*args: str) -> None:
@@ -78,4 +79,7 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "-days", "2", "-extfile", "san.ext", "-out", "server.pem")
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=someone else",
             "-keyout", "other.key", "-out", "other-ca.pem")
-    return {"ca": d / "ca.pem", "cert": d / "server.pem", "key": d / "server.key", "other_ca": d / "other-ca.pem"}
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", "self.key", "-out", "self.pem")
+    return {"ca": d / "ca.pem", "cert": d / "server.pem", "key": d / "server.key", "other_ca": d / "other-ca.pem",
+            "self_cert": d / "self.pem", "self_key": d / "self.key"}

@@ -150,7 +150,7 @@ def test_kafka_python_wrong_password_is_refused(sasl_broker: BrokerProcess, capl
     caplog.set_level(logging.WARNING, logger="kafka")
     with pytest.raises(KafkaTimeoutError):
         KafkaProducer(**_kafka_python_kwargs(sasl_broker, "SCRAM-SHA-512", ("alice", "nope")),
-                      bootstrap_timeout_ms=3000)
+                      bootstrap_timeout_ms=10000)
     assert GENERIC + "SCRAM-SHA-512" in caplog.text
 
 
@@ -259,3 +259,36 @@ def test_a_deleted_user_is_disconnected_and_cannot_come_back(sasl_broker: Broker
     assert consume(rdkafka_conf(sasl_broker), "daves", 2, timeout_s=5) == [b"before"]
     log = sasl_broker.log_path.read_text()  # type: ignore[union-attr]
     assert "its user User:dave was deleted" in log
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_aiokafka_produces_and_consumes(sasl_broker: BrokerProcess, mechanism: str) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.structs import TopicPartition as ATopicPartition
+
+    sasl = {"bootstrap_servers": sasl_broker.bootstrap, "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": mechanism, "sasl_plain_username": ALICE[0], "sasl_plain_password": ALICE[1]}
+
+    async def run() -> list[bytes]:
+        p = AIOKafkaProducer(**sasl)
+        await p.start()
+        try:
+            for i in range(5):
+                await p.send_and_wait("aio", f"aio-{i}".encode())
+        finally:
+            await p.stop()
+        c = AIOKafkaConsumer(**sasl, auto_offset_reset="earliest", enable_auto_commit=False)
+        await c.start()
+        try:
+            c.assign([ATopicPartition("aio", 0)])
+            got: list[bytes] = []
+            while len(got) < 5:
+                batch = await asyncio.wait_for(c.getmany(timeout_ms=1000), 30)
+                got += [m.value for msgs in batch.values() for m in msgs]
+            return got
+        finally:
+            await c.stop()
+
+    assert asyncio.run(run()) == [f"aio-{i}".encode() for i in range(5)]

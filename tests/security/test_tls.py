@@ -44,8 +44,11 @@ def test_ssl_alone_with_librdkafka_kafka_python_and_kcat(start_broker: Callable[
 
 
 def test_sasl_ssl_with_every_client(start_broker: Callable[..., BrokerProcess], tls_files: dict[str, Path]) -> None:
+    """A self-signed certificate: the clients' ssl.ca.location is the certificate itself."""
     from kafka import KafkaProducer
 
+    tls_files = {**tls_files, "cert": tls_files["self_cert"], "key": tls_files["self_key"],
+                 "ca": tls_files["self_cert"]}
     b = start_broker("--sasl", *tls_flags(tls_files))
     produce(rdkafka_conf(b, "SCRAM-SHA-512", tls_ca=tls_files["ca"]), "sec", [b"librdkafka"])
     p = KafkaProducer(bootstrap_servers=b.bootstrap, security_protocol="SASL_SSL", ssl_cafile=str(tls_files["ca"]),
