@@ -77,8 +77,17 @@ class BrokerConfig:
     # Byte-rate quotas per principal (bytes/s; the default is unlimited), answered with throttle_time_ms.
     quota_producer_default: int = 2**63 - 1
     quota_consumer_default: int = 2**63 - 1
+    # Authorization (Kafka's authorizer): ACLs decide who may do what once it is enabled (--sasl
+    # enables it). super_users: "User:alice,User:bob" (Kafka's super.users, ';'-separated there).
+    authorizer_enabled: bool = False
+    allow_everyone_if_no_acl_found: bool = False
+    super_users: str = ""
     log_level: str = "INFO"
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def super_user_set(self) -> frozenset[str]:
+        return frozenset(u.strip() for u in self.super_users.replace(";", ",").split(",") if u.strip())
 
     @property
     def advertised(self) -> tuple[str, int]:
