@@ -1,0 +1,413 @@
+"""Membership of classic groups (Kafka's GroupMetadataManager, classic part): JoinGroup, SyncGroup,
+Heartbeat, LeaveGroup, the rebalance state machine and its timers.
+
+Sans-IO: methods take plain values, ``now`` comes from the injected clock. JoinGroup and SyncGroup
+answer when the rebalance gets there, so they take a ``respond`` callback (the server's resolves a
+future); every callback is called at most once.
+
+Membership lives in memory, as in Kafka (whose classic-group records are appended without being
+replayed at runtime): a rebalance is a conversation with parked requests and timers, not durable
+state. Its durable image is the group-metadata record, written when a rebalance completes (Stable)
+and when the group becomes Empty, and buffered for ``take_records``. ``replay_group`` keeps the newest
+logged value per group (``logged``, what a checkpoint must keep) and, while loading, rebuilds the
+group from it; a group tombstone always removes the group (that is how a group dies: DeleteGroups
+and offset expiration only return the tombstone, replaying it is the change).
+
+Invariants (see also ``group_state``): ``generation_id`` only grows while a group lives; a member id
+is in ``members`` or in ``pending_members``, never both; ``static_members`` maps each instance id to
+exactly one member of ``members``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.clock import Clock
+from oncelog.coordinator.group import offset_records as rec
+from oncelog.coordinator.group.group_state import GroupMetadata, GroupState, MemberMetadata
+
+G = GroupState
+Record = tuple[bytes, bytes | None]
+
+
+@dataclass
+class JoinResult:
+    error: ErrorCode
+    generation_id: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    member_id: str = ""
+    members: list[tuple[str, str | None, bytes]] = field(default_factory=list)
+
+
+@dataclass
+class SyncResult:
+    error: ErrorCode
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    assignment: bytes = b""
+
+
+class GroupMetadataManager:
+    def __init__(self, clock: Clock, *, group_min_session_timeout_ms: int = 6000,
+                 group_max_session_timeout_ms: int = 1_800_000,
+                 group_initial_rebalance_delay_ms: int = 3000) -> None:
+        self.clock = clock
+        self.min_session_ms = group_min_session_timeout_ms
+        self.max_session_ms = group_max_session_timeout_ms
+        self.initial_rebalance_delay_ms = group_initial_rebalance_delay_ms
+        self.groups: dict[str, GroupMetadata] = {}
+        # The newest group-metadata record value per group, as written to the log (membership in
+        # memory may be mid-rebalance and is not what a restart would load).
+        self.logged: dict[str, bytes] = {}
+        self.loading = False
+        self._records: list[Record] = []
+
+    # --- records ------------------------------------------------------------------------------------
+    def _emit_group(self, g: GroupMetadata) -> None:
+        self._records.append((rec.group_key(g.group_id), rec.group_value(g)))
+
+    def take_records(self) -> list[Record]:
+        """Group-metadata records produced by membership changes since the last call."""
+        out, self._records = self._records, []
+        return out
+
+    @staticmethod
+    def tombstone(group_id: str) -> Record:
+        return rec.group_key(group_id), None
+
+    def _new_member_id(self, client_id: str) -> str:
+        return f"{client_id or 'member'}-{uuid.uuid4()}"
+
+    # --- JoinGroup ----------------------------------------------------------------------------------
+    def join_group(self, group_id: str, member_id: str, group_instance_id: str | None, client_id: str,
+                   client_host: str, session_timeout_ms: int, rebalance_timeout_ms: int, protocol_type: str,
+                   protocols: list[tuple[str, bytes]], require_known_member_id: bool,
+                   respond: Callable[[JoinResult], None]) -> None:
+        now = self.clock.now_ms()
+        if not group_id:
+            return respond(JoinResult(ErrorCode.invalid_group_id, member_id=member_id))
+        if not self.min_session_ms <= session_timeout_ms <= self.max_session_ms:
+            return respond(JoinResult(ErrorCode.invalid_session_timeout, member_id=member_id))
+        g = self.groups.get(group_id)
+        if g is None or g.state is G.DEAD:
+            if member_id:
+                return respond(JoinResult(ErrorCode.unknown_member_id, member_id=member_id))
+            g = self.groups[group_id] = GroupMetadata(group_id, state_timestamp_ms=now)
+        if not g.supports(protocol_type, protocols):
+            return respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id=member_id))
+        rebalance_timeout_ms = rebalance_timeout_ms if rebalance_timeout_ms > 0 else session_timeout_ms
+
+        if not member_id:
+            if group_instance_id and group_instance_id in g.static_members:
+                return self._rejoin_static(g, group_instance_id, client_id, client_host, session_timeout_ms,
+                                           rebalance_timeout_ms, protocol_type, protocols, respond, now)
+            new_id = self._new_member_id(client_id)
+            if require_known_member_id and not group_instance_id:
+                g.pending_members[new_id] = now + session_timeout_ms
+                return respond(JoinResult(ErrorCode.member_id_required, member_id=new_id))
+            member_id = new_id
+        elif member_id in g.pending_members:
+            del g.pending_members[member_id]
+        elif member_id not in g.members:
+            return respond(JoinResult(ErrorCode.unknown_member_id, member_id=member_id))
+        elif group_instance_id and g.static_members.get(group_instance_id) not in (None, member_id):
+            return respond(JoinResult(ErrorCode.fenced_instance_id, member_id=member_id))
+
+        m = g.members.get(member_id)
+        if m is None:
+            m = MemberMetadata(member_id, group_instance_id, client_id, client_host, session_timeout_ms,
+                               rebalance_timeout_ms, protocol_type, list(protocols))
+            g.members[member_id] = m
+            if group_instance_id:
+                g.static_members[group_instance_id] = member_id
+            if g.leader_id is None:
+                g.leader_id = member_id
+            changed = True
+        else:
+            changed = m.protocols != list(protocols)
+            m.protocols = list(protocols)
+            m.session_timeout_ms, m.rebalance_timeout_ms = session_timeout_ms, rebalance_timeout_ms
+        m.last_heartbeat_ms = now
+        if g.protocol_type is None:
+            g.protocol_type = protocol_type
+
+        if g.state in (G.STABLE, G.COMPLETING_REBALANCE) and not changed and member_id != g.leader_id:
+            # A follower rejoining with the same metadata: give it the current generation again.
+            return respond(self._join_result(g, m))
+        m.awaiting_join = respond
+        if g.state is not G.PREPARING_REBALANCE:
+            self._prepare_rebalance(g, now)
+        self._maybe_complete_join(g, now)
+
+    def _rejoin_static(self, g: GroupMetadata, instance_id: str, client_id: str, client_host: str,
+                       session_timeout_ms: int, rebalance_timeout_ms: int, protocol_type: str,
+                       protocols: list[tuple[str, bytes]], respond: Callable[[JoinResult], None], now: int) -> None:
+        old_id = g.static_members[instance_id]
+        old = g.members.pop(old_id)
+        if old.awaiting_join is not None:
+            old.awaiting_join(JoinResult(ErrorCode.fenced_instance_id, member_id=old_id))
+        if old.awaiting_sync is not None:
+            old.awaiting_sync(SyncResult(ErrorCode.fenced_instance_id))
+        new_id = self._new_member_id(client_id)
+        m = MemberMetadata(new_id, instance_id, client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
+                           protocol_type, list(protocols), assignment=old.assignment, last_heartbeat_ms=now)
+        g.members[new_id] = m
+        g.static_members[instance_id] = new_id
+        if g.leader_id == old_id:
+            g.leader_id = new_id
+        if g.state is G.STABLE and old.protocols == m.protocols:
+            # Kafka's static membership: a known instance replaces its old member id without a rebalance.
+            self._emit_group(g)
+            return respond(self._join_result(g, m))
+        m.awaiting_join = respond
+        if g.state is not G.PREPARING_REBALANCE:
+            self._prepare_rebalance(g, now)
+        self._maybe_complete_join(g, now)
+
+    def _join_result(self, g: GroupMetadata, m: MemberMetadata) -> JoinResult:
+        members = []
+        if m.member_id == g.leader_id:
+            members = [(x.member_id, x.group_instance_id, x.metadata_for(g.protocol_name or ""))
+                       for x in g.members.values()]
+        return JoinResult(ErrorCode.none, g.generation_id, g.protocol_type, g.protocol_name, g.leader_id or "",
+                          m.member_id, members)
+
+    def _prepare_rebalance(self, g: GroupMetadata, now: int) -> None:
+        for m in g.members.values():
+            if m.awaiting_sync is not None:
+                m.awaiting_sync(SyncResult(ErrorCode.rebalance_in_progress))
+                m.awaiting_sync = None
+        if g.state is G.EMPTY:
+            g.initial_delay_until_ms = now + self.initial_rebalance_delay_ms
+        g.transition_to(G.PREPARING_REBALANCE, now)
+        g.rebalance_deadline_ms = now + max((m.rebalance_timeout_ms for m in g.members.values()), default=0)
+
+    def _maybe_complete_join(self, g: GroupMetadata, now: int) -> None:
+        if g.state is not G.PREPARING_REBALANCE:
+            return
+        all_joined = all(m.awaiting_join is not None for m in g.members.values()) and not g.pending_members
+        if all_joined and now < g.initial_delay_until_ms and now < g.rebalance_deadline_ms:
+            return  # new group: wait a little for more members (group.initial.rebalance.delay.ms)
+        if not all_joined and now < g.rebalance_deadline_ms:
+            return
+        for mid in [mid for mid, m in g.members.items() if m.awaiting_join is None]:
+            self._remove_member(g, mid)
+        g.pending_members.clear()
+        g.generation_id += 1
+        if not g.members:
+            g.protocol_name = None
+            g.leader_id = None
+            g.transition_to(G.EMPTY, now)
+            self._emit_group(g)
+            return
+        if g.leader_id not in g.members:
+            g.leader_id = next(iter(g.members))
+        g.protocol_name = g.select_protocol()
+        g.transition_to(G.COMPLETING_REBALANCE, now)
+        for m in g.members.values():
+            callback, m.awaiting_join = m.awaiting_join, None
+            m.last_heartbeat_ms = now
+            if callback is not None:
+                callback(self._join_result(g, m))
+        self._emit_group(g)
+
+    def _remove_member(self, g: GroupMetadata, member_id: str) -> None:
+        m = g.members.pop(member_id, None)
+        if m is None:
+            return
+        if m.group_instance_id and g.static_members.get(m.group_instance_id) == member_id:
+            del g.static_members[m.group_instance_id]
+        if m.awaiting_join is not None:
+            m.awaiting_join(JoinResult(ErrorCode.unknown_member_id, member_id=member_id))
+        if m.awaiting_sync is not None:
+            m.awaiting_sync(SyncResult(ErrorCode.unknown_member_id))
+        if g.leader_id == member_id:
+            g.leader_id = next(iter(g.members), None)
+
+    # --- SyncGroup ----------------------------------------------------------------------------------
+    def sync_group(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None,
+                   assignments: list[tuple[str, bytes]], respond: Callable[[SyncResult], None]) -> None:
+        now = self.clock.now_ms()
+        g = self.groups.get(group_id)
+        if g is None or member_id not in g.members:
+            return respond(SyncResult(ErrorCode.unknown_member_id))
+        if group_instance_id and g.static_members.get(group_instance_id) != member_id:
+            return respond(SyncResult(ErrorCode.fenced_instance_id))
+        if generation_id != g.generation_id:
+            return respond(SyncResult(ErrorCode.illegal_generation))
+        m = g.members[member_id]
+        m.last_heartbeat_ms = now
+        if g.state is G.PREPARING_REBALANCE:
+            return respond(SyncResult(ErrorCode.rebalance_in_progress))
+        if g.state is G.STABLE:
+            return respond(SyncResult(ErrorCode.none, g.protocol_type, g.protocol_name, m.assignment))
+        m.awaiting_sync = respond
+        if member_id == g.leader_id:
+            given = dict(assignments)
+            for x in g.members.values():
+                x.assignment = given.get(x.member_id, b"")
+            g.transition_to(G.STABLE, now)
+            for x in g.members.values():
+                callback, x.awaiting_sync = x.awaiting_sync, None
+                if callback is not None:
+                    callback(SyncResult(ErrorCode.none, g.protocol_type, g.protocol_name, x.assignment))
+            self._emit_group(g)
+
+    # --- Heartbeat / LeaveGroup ---------------------------------------------------------------------
+    def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> ErrorCode:
+        g = self.groups.get(group_id)
+        if g is None or member_id not in g.members:
+            return ErrorCode.unknown_member_id
+        if group_instance_id and g.static_members.get(group_instance_id) != member_id:
+            return ErrorCode.fenced_instance_id
+        g.members[member_id].last_heartbeat_ms = self.clock.now_ms()
+        if g.state is G.PREPARING_REBALANCE:
+            return ErrorCode.rebalance_in_progress
+        if generation_id != g.generation_id:
+            return ErrorCode.illegal_generation
+        return ErrorCode.none
+
+    def leave_group(self, group_id: str, members: list[tuple[str, str | None]]
+                    ) -> tuple[ErrorCode, list[tuple[str, str | None, ErrorCode]]]:
+        now = self.clock.now_ms()
+        g = self.groups.get(group_id)
+        if g is None:
+            return ErrorCode.unknown_member_id, [(mid, iid, ErrorCode.unknown_member_id) for mid, iid in members]
+        results: list[tuple[str, str | None, ErrorCode]] = []
+        removed = False
+        for member_id, instance_id in members:
+            if instance_id and not member_id:
+                member_id = g.static_members.get(instance_id, "")
+            if instance_id and g.static_members.get(instance_id) not in (None, member_id):
+                results.append((member_id, instance_id, ErrorCode.fenced_instance_id))
+                continue
+            if member_id not in g.members:
+                results.append((member_id, instance_id, ErrorCode.unknown_member_id))
+                continue
+            self._remove_member(g, member_id)
+            removed = True
+            results.append((member_id, instance_id, ErrorCode.none))
+        if removed:
+            self._after_removal(g, now)
+        top = results[0][2] if len(results) == 1 else ErrorCode.none
+        return top, results
+
+    def _after_removal(self, g: GroupMetadata, now: int) -> None:
+        if g.state in (G.STABLE, G.COMPLETING_REBALANCE):
+            self._prepare_rebalance(g, now)
+            g.initial_delay_until_ms = 0
+        if g.state is G.PREPARING_REBALANCE:
+            self._maybe_complete_join(g, now)
+        if g.state is G.EMPTY:
+            self._emit_group(g)
+
+    # --- timers -------------------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Session expiry, join deadlines and pending member ids; records go to ``take_records``."""
+        now = self.clock.now_ms()
+        for g in list(self.groups.values()):
+            for pid, expiry in list(g.pending_members.items()):
+                if now >= expiry:
+                    del g.pending_members[pid]
+            # Session expiry applies in every state, rebalances included: a dead member must not hold
+            # a rebalance until the (much longer) rebalance timeout.
+            expired = [mid for mid, m in g.members.items()
+                       if m.awaiting_join is None and now - m.last_heartbeat_ms > m.session_timeout_ms]
+            for mid in expired:
+                self._remove_member(g, mid)
+            if expired:
+                self._after_removal(g, now)
+            self._maybe_complete_join(g, now)
+
+    # --- questions the offsets side asks ------------------------------------------------------------
+    def validate_offset_commit(self, group_id: str, generation_id: int, member_id: str,
+                               group_instance_id: str | None, transactional: bool) -> ErrorCode:
+        """May this (Txn)OffsetCommit write offsets for the group?"""
+        g = self.groups.get(group_id)
+        if transactional and generation_id < 0 and not member_id:
+            return ErrorCode.none
+        if generation_id < 0 and not member_id:
+            if g is not None and g.members:
+                return ErrorCode.unknown_member_id
+            return ErrorCode.none  # a "simple" commit by a consumer outside any group membership
+        if g is None:
+            return ErrorCode.illegal_generation
+        if group_instance_id and g.static_members.get(group_instance_id) not in (None, member_id):
+            return ErrorCode.fenced_instance_id
+        if member_id not in g.members:
+            return ErrorCode.unknown_member_id
+        if generation_id != g.generation_id:
+            return ErrorCode.illegal_generation
+        if g.state is G.COMPLETING_REBALANCE and not transactional:
+            return ErrorCode.rebalance_in_progress
+        return ErrorCode.none
+
+    def keep_alive_on_commit(self, group_id: str, member_id: str) -> None:
+        """An accepted OffsetCommit from a member counts as a heartbeat."""
+        g = self.groups.get(group_id)
+        if g is not None and member_id in g.members:
+            g.members[member_id].last_heartbeat_ms = self.clock.now_ms()
+
+    def validate_delete(self, group_id: str) -> ErrorCode:
+        g = self.groups.get(group_id)
+        if g is None:
+            return ErrorCode.group_id_not_found
+        if g.members:
+            return ErrorCode.non_empty_group
+        return ErrorCode.none
+
+    def subscribed_topics(self, group_id: str) -> set[str]:
+        g = self.groups.get(group_id)
+        return g.subscribed_topics() if g is not None and g.members else set()
+
+    # --- replay -------------------------------------------------------------------------------------
+    def ensure_group(self, group_id: str) -> None:
+        """An offset for a group nobody joined was replayed: a "simple" group (Empty, no protocol)."""
+        if group_id not in self.groups:
+            self.groups[group_id] = GroupMetadata(group_id, state_timestamp_ms=self.clock.now_ms())
+
+    def replay_group(self, group_id: str, value: bytes | None, payload: dict[str, Any] | None) -> None:
+        if value is None:
+            self.logged.pop(group_id, None)
+            g = self.groups.pop(group_id, None)
+            if g is not None:
+                for mid in list(g.members):
+                    self._remove_member(g, mid)
+                g.transition_to(G.DEAD, self.clock.now_ms())
+            return
+        self.logged[group_id] = value
+        if self.loading and payload is not None:
+            self.groups[group_id] = rec.group_from_value(group_id, payload)
+
+    def loaded(self) -> None:
+        """End of loading: restored members get a full session timeout to heartbeat again."""
+        now = self.clock.now_ms()
+        self.loading = False
+        for g in self.groups.values():
+            for m in g.members.values():
+                m.last_heartbeat_ms = now
+
+    # --- admin --------------------------------------------------------------------------------------
+    def list_groups(self, states_filter: Iterable[str] = ()) -> list[tuple[str, str, str]]:
+        wanted = set(states_filter)
+        return [(g.group_id, g.protocol_type or "", g.state.value) for g in self.groups.values()
+                if g.state is not G.DEAD and (not wanted or g.state.value in wanted)]
+
+    def describe_group(self, group_id: str) -> dict[str, Any]:
+        g = self.groups.get(group_id)
+        if g is None:
+            return {"error_code": ErrorCode.none, "group_id": group_id, "group_state": "Dead",
+                    "protocol_type": "", "protocol_data": "", "members": []}
+        return {"error_code": ErrorCode.none, "group_id": group_id, "group_state": g.state.value,
+                "protocol_type": g.protocol_type or "", "protocol_data": g.protocol_name or "",
+                "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                             "client_id": m.client_id, "client_host": m.client_host,
+                             "member_metadata": m.metadata_for(g.protocol_name or ""),
+                             "member_assignment": m.assignment} for m in g.members.values()]}
