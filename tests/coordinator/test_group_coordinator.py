@@ -106,11 +106,11 @@ def test_static_member_rejoins_without_rebalance_and_old_id_is_fenced() -> None:
     assert again.error == ErrorCode.none and again.member_id != a.member_id and again.generation_id == 1
     assert gc.groups["g"].state is GroupState.STABLE
     assert sync(gc, again.member_id, 1).value.assignment == b"mine"
-    assert gc.heartbeat("g", 1, a.member_id, "i-1") == ErrorCode.unknown_member_id
+    assert gc.heartbeat("g", 1, a.member_id, "i-1") == ErrorCode.fenced_instance_id  # KIP-345
     assert gc.heartbeat("g", 1, again.member_id, "i-1") == ErrorCode.none
     box = Box()
     gc.sync_group("g", 1, a.member_id, "i-1", [], box)
-    assert box.value.error in (ErrorCode.unknown_member_id, ErrorCode.fenced_instance_id)
+    assert box.value.error == ErrorCode.fenced_instance_id
 
 
 def test_invalid_requests() -> None:

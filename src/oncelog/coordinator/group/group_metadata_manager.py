@@ -82,94 +82,128 @@ class GroupMetadataManager:
     def tombstone(group_id: str) -> Record:
         return rec.group_key(group_id), None
 
-    def _new_member_id(self, client_id: str) -> str:
-        return f"{client_id or 'member'}-{uuid.uuid4()}"
+    @staticmethod
+    def _new_member_id(client_id: str, group_instance_id: str | None) -> str:
+        return f"{group_instance_id or client_id or 'member'}-{uuid.uuid4()}"
 
     # --- JoinGroup ----------------------------------------------------------------------------------
     def join_group(self, group_id: str, member_id: str, group_instance_id: str | None, client_id: str,
                    client_host: str, session_timeout_ms: int, rebalance_timeout_ms: int, protocol_type: str,
                    protocols: list[tuple[str, bytes]], require_known_member_id: bool,
                    respond: Callable[[JoinResult], None]) -> None:
+        """Kafka's classic JoinGroup. An empty member id joins anew: a known ``group_instance_id``
+        replaces (fences) the instance's current member, a dynamic member may first be told
+        MEMBER_ID_REQUIRED. A member id must belong to the group (and to the instance id, if one is
+        given: else FENCED_INSTANCE_ID). ``respond`` is called once, now or when the join phase ends."""
         now = self.clock.now_ms()
         if not group_id:
             return respond(JoinResult(ErrorCode.invalid_group_id, member_id=member_id))
         if not self.min_session_ms <= session_timeout_ms <= self.max_session_ms:
             return respond(JoinResult(ErrorCode.invalid_session_timeout, member_id=member_id))
+        rebalance_timeout_ms = rebalance_timeout_ms if rebalance_timeout_ms > 0 else session_timeout_ms
+        protocols = list(protocols)
         g = self.groups.get(group_id)
-        if g is None or g.state is G.DEAD:
+        if g is None:
             if member_id:
                 return respond(JoinResult(ErrorCode.unknown_member_id, member_id=member_id))
-            g = self.groups[group_id] = GroupMetadata(group_id, state_timestamp_ms=now)
-        if not g.supports(protocol_type, protocols):
+            g = GroupMetadata(group_id, state_timestamp_ms=now)
+            if not g.supports(protocol_type, protocols):
+                return respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id=member_id))
+            self.groups[group_id] = g
+        elif not g.supports(protocol_type, protocols):
             return respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id=member_id))
-        rebalance_timeout_ms = rebalance_timeout_ms if rebalance_timeout_ms > 0 else session_timeout_ms
+        new = MemberMetadata("", group_instance_id, client_id, client_host, session_timeout_ms,
+                             rebalance_timeout_ms, protocol_type, protocols)
 
         if not member_id:
+            new.member_id = self._new_member_id(client_id, group_instance_id)
             if group_instance_id and group_instance_id in g.static_members:
-                return self._rejoin_static(g, group_instance_id, client_id, client_host, session_timeout_ms,
-                                           rebalance_timeout_ms, protocol_type, protocols, respond, now)
-            new_id = self._new_member_id(client_id)
+                return self._replace_static_member(g, new, respond, now)
             if require_known_member_id and not group_instance_id:
-                g.pending_members[new_id] = now + session_timeout_ms
-                return respond(JoinResult(ErrorCode.member_id_required, member_id=new_id))
-            member_id = new_id
-        elif member_id in g.pending_members:
+                g.pending_members[new.member_id] = now + session_timeout_ms
+                return respond(JoinResult(ErrorCode.member_id_required, member_id=new.member_id))
+            return self._add_member(g, new, respond, now)
+        if member_id in g.pending_members:
             del g.pending_members[member_id]
-        elif member_id not in g.members:
-            return respond(JoinResult(ErrorCode.unknown_member_id, member_id=member_id))
-        elif group_instance_id and g.static_members.get(group_instance_id) not in (None, member_id):
-            return respond(JoinResult(ErrorCode.fenced_instance_id, member_id=member_id))
+            if group_instance_id and group_instance_id in g.static_members:
+                return respond(JoinResult(ErrorCode.fenced_instance_id, member_id=member_id))
+            new.member_id = member_id
+            return self._add_member(g, new, respond, now)
 
-        m = g.members.get(member_id)
-        if m is None:
-            m = MemberMetadata(member_id, group_instance_id, client_id, client_host, session_timeout_ms,
-                               rebalance_timeout_ms, protocol_type, list(protocols))
-            g.members[member_id] = m
-            if group_instance_id:
-                g.static_members[group_instance_id] = member_id
-            if g.leader_id is None:
-                g.leader_id = member_id
-            changed = True
-        else:
-            changed = m.protocols != list(protocols)
-            m.protocols = list(protocols)
-            m.session_timeout_ms, m.rebalance_timeout_ms = session_timeout_ms, rebalance_timeout_ms
+        error = g.validate_member(member_id, group_instance_id)
+        if error != ErrorCode.none:
+            return respond(JoinResult(error, member_id=member_id))
+        m = g.members[member_id]
         m.last_heartbeat_ms = now
-        if g.protocol_type is None:
-            g.protocol_type = protocol_type
-
-        if g.state in (G.STABLE, G.COMPLETING_REBALANCE) and not changed and member_id != g.leader_id:
-            # A follower rejoining with the same metadata: give it the current generation again.
+        same = m.protocols == protocols
+        if g.state is G.PREPARING_REBALANCE:
+            self._update_member(m, new, respond)
+            return self._maybe_complete_join(g, now)
+        if same and (g.state is G.COMPLETING_REBALANCE or (g.state is G.STABLE and member_id != g.leader_id)):
+            # It lost the response, or a follower rejoins unchanged: the current generation again.
             return respond(self._join_result(g, m))
-        m.awaiting_join = respond
-        if g.state is not G.PREPARING_REBALANCE:
-            self._prepare_rebalance(g, now)
-        self._maybe_complete_join(g, now)
+        if g.state in (G.COMPLETING_REBALANCE, G.STABLE):
+            # changed metadata, or the leader asks for a rebalance (e.g. its topics changed)
+            self._update_member(m, new, respond)
+            return self._rebalance(g, now)
+        return respond(JoinResult(ErrorCode.unknown_member_id, member_id=member_id))
 
-    def _rejoin_static(self, g: GroupMetadata, instance_id: str, client_id: str, client_host: str,
-                       session_timeout_ms: int, rebalance_timeout_ms: int, protocol_type: str,
-                       protocols: list[tuple[str, bytes]], respond: Callable[[JoinResult], None], now: int) -> None:
-        old_id = g.static_members[instance_id]
+    @staticmethod
+    def _update_member(m: MemberMetadata, new: MemberMetadata, respond: Callable[[JoinResult], None]) -> None:
+        m.protocols = new.protocols
+        m.session_timeout_ms, m.rebalance_timeout_ms = new.session_timeout_ms, new.rebalance_timeout_ms
+        m.awaiting_join = respond
+
+    def _add_member(self, g: GroupMetadata, m: MemberMetadata, respond: Callable[[JoinResult], None],
+                    now: int) -> None:
+        if not g.members:
+            g.protocol_type = m.protocol_type
+        g.members[m.member_id] = m
+        if m.group_instance_id:
+            g.static_members[m.group_instance_id] = m.member_id
+        if g.leader_id is None:
+            g.leader_id = m.member_id
+        m.last_heartbeat_ms = now
+        m.awaiting_join = respond
+        self._rebalance(g, now)
+
+    def _replace_static_member(self, g: GroupMetadata, new: MemberMetadata,
+                               respond: Callable[[JoinResult], None], now: int) -> None:
+        """KIP-345: a JoinGroup with an empty member id and a known instance id takes over the
+        instance. The old member id leaves the group at once (whatever it has parked is answered
+        FENCED_INSTANCE_ID, and so is every later request it sends); the new member keeps the old
+        one's assignment and, if it was the leader, the leadership.
+
+        Kafka's rules for the generation: in Stable, if the group's selected protocol stays the same,
+        no rebalance: the group-metadata record is rewritten with the new member id, and the new
+        member gets the current generation, no member list, and the leader as it was (so a replaced
+        leader comes back as a follower and its SyncGroup returns the kept assignment). If the
+        selected protocol would change, or the group is in CompletingRebalance (the leader may be
+        assigning to the old member id), a rebalance starts; in PreparingRebalance the new member
+        joins the rebalance under way.
+        """
+        assert new.group_instance_id is not None
+        old_id = g.static_members[new.group_instance_id]
         old = g.members.pop(old_id)
         if old.awaiting_join is not None:
             old.awaiting_join(JoinResult(ErrorCode.fenced_instance_id, member_id=old_id))
+            old.awaiting_join = None
         if old.awaiting_sync is not None:
             old.awaiting_sync(SyncResult(ErrorCode.fenced_instance_id))
-        new_id = self._new_member_id(client_id)
-        m = MemberMetadata(new_id, instance_id, client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
-                           protocol_type, list(protocols), assignment=old.assignment, last_heartbeat_ms=now)
-        g.members[new_id] = m
-        g.static_members[instance_id] = new_id
+            old.awaiting_sync = None
+        previous_leader = g.leader_id
+        new.assignment = old.assignment
+        new.last_heartbeat_ms = now
+        g.members[new.member_id] = new
+        g.static_members[new.group_instance_id] = new.member_id
         if g.leader_id == old_id:
-            g.leader_id = new_id
-        if g.state is G.STABLE and old.protocols == m.protocols:
-            # Kafka's static membership: a known instance replaces its old member id without a rebalance.
+            g.leader_id = new.member_id
+        if g.state is G.STABLE and g.select_protocol() == g.protocol_name:
             self._emit_group(g)
-            return respond(self._join_result(g, m))
-        m.awaiting_join = respond
-        if g.state is not G.PREPARING_REBALANCE:
-            self._prepare_rebalance(g, now)
-        self._maybe_complete_join(g, now)
+            return respond(JoinResult(ErrorCode.none, g.generation_id, g.protocol_type, g.protocol_name,
+                                      previous_leader or "", new.member_id, []))
+        new.awaiting_join = respond
+        self._rebalance(g, now)
 
     def _join_result(self, g: GroupMetadata, m: MemberMetadata) -> JoinResult:
         members = []
@@ -179,17 +213,30 @@ class GroupMetadataManager:
         return JoinResult(ErrorCode.none, g.generation_id, g.protocol_type, g.protocol_name, g.leader_id or "",
                           m.member_id, members)
 
+    def _rebalance(self, g: GroupMetadata, now: int) -> None:
+        """Start a rebalance unless one is under way, then complete the join phase if it can."""
+        if g.state in (G.EMPTY, G.STABLE, G.COMPLETING_REBALANCE):
+            self._prepare_rebalance(g, now)
+        self._maybe_complete_join(g, now)
+
     def _prepare_rebalance(self, g: GroupMetadata, now: int) -> None:
-        for m in g.members.values():
-            if m.awaiting_sync is not None:
-                m.awaiting_sync(SyncResult(ErrorCode.rebalance_in_progress))
-                m.awaiting_sync = None
+        if g.state is G.COMPLETING_REBALANCE:
+            # The leader's assignment for this generation will never be used: forget the old one
+            # and send the members waiting in SyncGroup back to JoinGroup.
+            for m in g.members.values():
+                m.assignment = b""
+                if m.awaiting_sync is not None:
+                    callback, m.awaiting_sync = m.awaiting_sync, None
+                    callback(SyncResult(ErrorCode.rebalance_in_progress))
         if g.state is G.EMPTY:
             g.initial_delay_until_ms = now + self.initial_rebalance_delay_ms
         g.transition_to(G.PREPARING_REBALANCE, now)
-        g.rebalance_deadline_ms = now + max((m.rebalance_timeout_ms for m in g.members.values()), default=0)
+        g.rebalance_deadline_ms = now + g.rebalance_timeout_ms()
 
     def _maybe_complete_join(self, g: GroupMetadata, now: int) -> None:
+        """Kafka's completeClassicGroupJoin, once every member rejoined (after the initial delay for a
+        new group) or at the rebalance deadline: dynamic members that did not rejoin are removed,
+        static ones stay (their session timeout decides); with nobody rejoined the deadline moves on."""
         if g.state is not G.PREPARING_REBALANCE:
             return
         all_joined = all(m.awaiting_join is not None for m in g.members.values()) and not g.pending_members
@@ -197,9 +244,13 @@ class GroupMetadataManager:
             return  # new group: wait a little for more members (group.initial.rebalance.delay.ms)
         if not all_joined and now < g.rebalance_deadline_ms:
             return
-        for mid in [mid for mid, m in g.members.items() if m.awaiting_join is None]:
+        for mid in [mid for mid, m in g.members.items() if m.awaiting_join is None and not m.group_instance_id]:
             self._remove_member(g, mid)
         g.pending_members.clear()
+        joined = [m.member_id for m in g.members.values() if m.awaiting_join is not None]
+        if g.members and not joined:
+            g.rebalance_deadline_ms = now + g.rebalance_timeout_ms()
+            return
         g.generation_id += 1
         if not g.members:
             g.protocol_name = None
@@ -207,8 +258,8 @@ class GroupMetadataManager:
             g.transition_to(G.EMPTY, now)
             self._emit_group(g)
             return
-        if g.leader_id not in g.members:
-            g.leader_id = next(iter(g.members))
+        if g.leader_id not in joined:
+            g.leader_id = joined[0]
         g.protocol_name = g.select_protocol()
         g.transition_to(G.COMPLETING_REBALANCE, now)
         for m in g.members.values():
@@ -216,7 +267,6 @@ class GroupMetadataManager:
             m.last_heartbeat_ms = now
             if callback is not None:
                 callback(self._join_result(g, m))
-        self._emit_group(g)
 
     def _remove_member(self, g: GroupMetadata, member_id: str) -> None:
         m = g.members.pop(member_id, None)
@@ -225,21 +275,26 @@ class GroupMetadataManager:
         if m.group_instance_id and g.static_members.get(m.group_instance_id) == member_id:
             del g.static_members[m.group_instance_id]
         if m.awaiting_join is not None:
-            m.awaiting_join(JoinResult(ErrorCode.unknown_member_id, member_id=member_id))
+            callback, m.awaiting_join = m.awaiting_join, None
+            callback(JoinResult(ErrorCode.unknown_member_id, member_id=member_id))
         if m.awaiting_sync is not None:
-            m.awaiting_sync(SyncResult(ErrorCode.unknown_member_id))
+            sync_callback, m.awaiting_sync = m.awaiting_sync, None
+            sync_callback(SyncResult(ErrorCode.unknown_member_id))
         if g.leader_id == member_id:
             g.leader_id = next(iter(g.members), None)
 
     # --- SyncGroup ----------------------------------------------------------------------------------
     def sync_group(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None,
                    assignments: list[tuple[str, bytes]], respond: Callable[[SyncResult], None]) -> None:
+        """Kafka's classic SyncGroup: member (and instance), then generation, then state. The leader's
+        SyncGroup in CompletingRebalance sets every member's assignment and makes the group Stable."""
         now = self.clock.now_ms()
         g = self.groups.get(group_id)
-        if g is None or member_id not in g.members:
+        if g is None:
             return respond(SyncResult(ErrorCode.unknown_member_id))
-        if group_instance_id and g.static_members.get(group_instance_id) != member_id:
-            return respond(SyncResult(ErrorCode.fenced_instance_id))
+        error = g.validate_member(member_id, group_instance_id)
+        if error != ErrorCode.none:
+            return respond(SyncResult(error))
         if generation_id != g.generation_id:
             return respond(SyncResult(ErrorCode.illegal_generation))
         m = g.members[member_id]
@@ -263,10 +318,11 @@ class GroupMetadataManager:
     # --- Heartbeat / LeaveGroup ---------------------------------------------------------------------
     def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> ErrorCode:
         g = self.groups.get(group_id)
-        if g is None or member_id not in g.members:
+        if g is None:
             return ErrorCode.unknown_member_id
-        if group_instance_id and g.static_members.get(group_instance_id) != member_id:
-            return ErrorCode.fenced_instance_id
+        error = g.validate_member(member_id, group_instance_id)
+        if error != ErrorCode.none:
+            return error
         g.members[member_id].last_heartbeat_ms = self.clock.now_ms()
         if g.state is G.PREPARING_REBALANCE:
             return ErrorCode.rebalance_in_progress
@@ -276,6 +332,9 @@ class GroupMetadataManager:
 
     def leave_group(self, group_id: str, members: list[tuple[str, str | None]]
                     ) -> tuple[ErrorCode, list[tuple[str, str | None, ErrorCode]]]:
+        """Kafka's classic LeaveGroup. An empty member id with an instance id removes that static
+        member (an admin's removal); otherwise the member must pass ``validate_member``. Results carry
+        the member ids as the request gave them."""
         now = self.clock.now_ms()
         g = self.groups.get(group_id)
         if g is None:
@@ -283,15 +342,20 @@ class GroupMetadataManager:
         results: list[tuple[str, str | None, ErrorCode]] = []
         removed = False
         for member_id, instance_id in members:
-            if instance_id and not member_id:
-                member_id = g.static_members.get(instance_id, "")
-            if instance_id and g.static_members.get(instance_id) not in (None, member_id):
-                results.append((member_id, instance_id, ErrorCode.fenced_instance_id))
-                continue
-            if member_id not in g.members:
-                results.append((member_id, instance_id, ErrorCode.unknown_member_id))
-                continue
-            self._remove_member(g, member_id)
+            if not member_id:
+                current = g.static_members.get(instance_id) if instance_id else None
+                if current is None:
+                    results.append((member_id, instance_id, ErrorCode.unknown_member_id))
+                    continue
+                self._remove_member(g, current)
+            elif member_id in g.pending_members:
+                del g.pending_members[member_id]
+            else:
+                error = g.validate_member(member_id, instance_id)
+                if error != ErrorCode.none:
+                    results.append((member_id, instance_id, error))
+                    continue
+                self._remove_member(g, member_id)
             removed = True
             results.append((member_id, instance_id, ErrorCode.none))
         if removed:
@@ -303,10 +367,7 @@ class GroupMetadataManager:
         if g.state in (G.STABLE, G.COMPLETING_REBALANCE):
             self._prepare_rebalance(g, now)
             g.initial_delay_until_ms = 0
-        if g.state is G.PREPARING_REBALANCE:
-            self._maybe_complete_join(g, now)
-        if g.state is G.EMPTY:
-            self._emit_group(g)
+        self._maybe_complete_join(g, now)
 
     # --- timers -------------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -318,8 +379,10 @@ class GroupMetadataManager:
                     del g.pending_members[pid]
             # Session expiry applies in every state, rebalances included: a dead member must not hold
             # a rebalance until the (much longer) rebalance timeout.
+            # Members parked in JoinGroup or SyncGroup are waiting on the coordinator, not dead.
             expired = [mid for mid, m in g.members.items()
-                       if m.awaiting_join is None and now - m.last_heartbeat_ms > m.session_timeout_ms]
+                       if m.awaiting_join is None and m.awaiting_sync is None
+                       and now - m.last_heartbeat_ms > m.session_timeout_ms]
             for mid in expired:
                 self._remove_member(g, mid)
             if expired:
@@ -339,10 +402,9 @@ class GroupMetadataManager:
             return ErrorCode.none  # a "simple" commit by a consumer outside any group membership
         if g is None:
             return ErrorCode.illegal_generation
-        if group_instance_id and g.static_members.get(group_instance_id) not in (None, member_id):
-            return ErrorCode.fenced_instance_id
-        if member_id not in g.members:
-            return ErrorCode.unknown_member_id
+        error = g.validate_member(member_id, group_instance_id)
+        if error != ErrorCode.none:
+            return error
         if generation_id != g.generation_id:
             return ErrorCode.illegal_generation
         if g.state is G.COMPLETING_REBALANCE and not transactional:

@@ -1,7 +1,9 @@
 """Group states, their allowed transitions (as data), members and groups.
 
 Invariants: ``generation_id`` only grows; ``leader_id`` is a member while members exist; a member is
-in ``members`` or in ``pending_members`` (waiting to rejoin with the id it was given), never both.
+in ``members`` or in ``pending_members`` (waiting to rejoin with the id it was given), never both;
+``static_members`` maps every ``group.instance.id`` of a member to that member's id, and nothing else
+(one live member per instance id: a newer one replaces, and so fences, the older).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+from kio.schema.errors import ErrorCode
 
 
 class GroupState(Enum):
@@ -77,6 +81,22 @@ class GroupMetadata:
             raise IllegalGroupTransition(f"group {self.group_id}: {self.state.value} -> {state.value}")
         self.state = state
         self.state_timestamp_ms = now_ms
+
+    def validate_member(self, member_id: str, group_instance_id: str | None) -> ErrorCode:
+        """Kafka's validateMember: a known instance id must map to ``member_id`` (else the sender is
+        a replaced, fenced instance), an unknown one is an unknown member; then the member must exist."""
+        if group_instance_id:
+            current = self.static_members.get(group_instance_id)
+            if current is None:
+                return ErrorCode.unknown_member_id
+            if current != member_id:
+                return ErrorCode.fenced_instance_id
+        if member_id not in self.members:
+            return ErrorCode.unknown_member_id
+        return ErrorCode.none
+
+    def rebalance_timeout_ms(self) -> int:
+        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
 
     def select_protocol(self) -> str | None:
         """The first protocol of the leader's (or any member's) preference list every member supports."""
