@@ -317,17 +317,20 @@ class GroupMetadataManager:
 
     # --- Heartbeat / LeaveGroup ---------------------------------------------------------------------
     def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> ErrorCode:
+        """Kafka's classic Heartbeat: member (and instance), then generation, then state. Only a
+        heartbeat of the current generation counts as liveness, in PreparingRebalance too (where it
+        answers REBALANCE_IN_PROGRESS): a stale one answers ILLEGAL_GENERATION and changes nothing."""
         g = self.groups.get(group_id)
         if g is None:
             return ErrorCode.unknown_member_id
         error = g.validate_member(member_id, group_instance_id)
         if error != ErrorCode.none:
             return error
+        if generation_id != g.generation_id:
+            return ErrorCode.illegal_generation
         g.members[member_id].last_heartbeat_ms = self.clock.now_ms()
         if g.state is G.PREPARING_REBALANCE:
             return ErrorCode.rebalance_in_progress
-        if generation_id != g.generation_id:
-            return ErrorCode.illegal_generation
         return ErrorCode.none
 
     def leave_group(self, group_id: str, members: list[tuple[str, str | None]]
@@ -392,29 +395,39 @@ class GroupMetadataManager:
     # --- questions the offsets side asks ------------------------------------------------------------
     def validate_offset_commit(self, group_id: str, generation_id: int, member_id: str,
                                group_instance_id: str | None, transactional: bool) -> ErrorCode:
-        """May this (Txn)OffsetCommit write offsets for the group?"""
+        """May this (Txn)OffsetCommit write offsets for the group? Kafka's validateOffsetCommit:
+
+        - a missing group: generation < 0 commits as a "simple" group (the replay of the offsets
+          creates it), a generation >= 0 is ILLEGAL_GENERATION (OffsetCommit < v9);
+        - generation < 0 on an Empty group: accepted whatever the member id (admin tools, consumers
+          outside group management, a transactional producer holding a departed consumer's metadata);
+        - a generation >= 0, a member id or an instance id: ``validate_member``, then the generation;
+        - neither (v0-style): refused with UNKNOWN_MEMBER_ID while the group has members, except
+          for TxnOffsetCommit, whose older versions carry no member;
+        - OffsetCommit in CompletingRebalance: REBALANCE_IN_PROGRESS (not for TxnOffsetCommit).
+        """
         g = self.groups.get(group_id)
-        if transactional and generation_id < 0 and not member_id:
-            return ErrorCode.none
-        if generation_id < 0 and not member_id:
-            if g is not None and g.members:
-                return ErrorCode.unknown_member_id
-            return ErrorCode.none  # a "simple" commit by a consumer outside any group membership
         if g is None:
-            return ErrorCode.illegal_generation
-        error = g.validate_member(member_id, group_instance_id)
-        if error != ErrorCode.none:
-            return error
-        if generation_id != g.generation_id:
-            return ErrorCode.illegal_generation
-        if g.state is G.COMPLETING_REBALANCE and not transactional:
+            return ErrorCode.none if generation_id < 0 else ErrorCode.illegal_generation
+        if generation_id < 0 and g.state is G.EMPTY:
+            return ErrorCode.none
+        if generation_id >= 0 or member_id or group_instance_id:
+            error = g.validate_member(member_id, group_instance_id)
+            if error != ErrorCode.none:
+                return error
+            if generation_id != g.generation_id:
+                return ErrorCode.illegal_generation
+        elif not transactional and g.state is not G.EMPTY:
+            return ErrorCode.unknown_member_id
+        if not transactional and g.state is G.COMPLETING_REBALANCE:
             return ErrorCode.rebalance_in_progress
         return ErrorCode.none
 
     def keep_alive_on_commit(self, group_id: str, member_id: str) -> None:
-        """An accepted OffsetCommit from a member counts as a heartbeat."""
+        """An accepted OffsetCommit of a member counts as its heartbeat in Stable and
+        PreparingRebalance (Kafka's rule for the classic protocol)."""
         g = self.groups.get(group_id)
-        if g is not None and member_id in g.members:
+        if g is not None and member_id in g.members and g.state in (G.STABLE, G.PREPARING_REBALANCE):
             g.members[member_id].last_heartbeat_ms = self.clock.now_ms()
 
     def validate_delete(self, group_id: str) -> ErrorCode:
