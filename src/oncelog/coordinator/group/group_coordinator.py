@@ -152,16 +152,20 @@ class GroupCoordinator:
         return ErrorCode.none, errors, records
 
     def expire_offsets(self) -> list[Record]:
-        """Tombstones for offsets of Empty groups older than the retention (Kafka's rule)."""
+        """Kafka's cleanupGroupMetadata: for every group, tombstones for its expired offsets (see
+        ``GroupMetadata.offset_expiration_base``; never an offset a transaction is about to
+        commit), then, if that leaves an Empty group with no offsets and no open transaction holding
+        offsets for it, the group's tombstone: replayed, it moves the group to Dead and forgets it,
+        so it leaves ListGroups and every later checkpoint, and a restart does not bring it back."""
         now = self.clock.now_ms()
         records: list[Record] = []
-        for gid in list(self.offsets):
-            g = self.groups.get(gid)
-            if g is not None and g.state is not GroupState.EMPTY:
-                continue
-            expired, _all = self.offset_store.expired_records(
-                gid, lambda o: o.commit_timestamp_ms, lambda _topic: False, now, self.offsets_retention_ms + 1)
+        for gid in sorted(set(self.groups) | set(self.offsets)):
+            g = self.groups.get(gid) or GroupMetadata(gid)
+            expired, all_gone = self.offset_store.expired_records(
+                gid, g.offset_expiration_base(), g.is_subscribed_to, now, self.offsets_retention_ms)
             records += expired
+            if all_gone and g.state is GroupState.EMPTY:
+                records.append(self.membership.tombstone(gid))
         return records
 
     # --- groups as a whole --------------------------------------------------------------------------

@@ -57,11 +57,11 @@ class OffsetMetadataManager:
         wanted = sorted(committed) if partitions is None else [tp for tp in partitions if tp in committed]
         return [(rec.offset_key(group_id, *tp), None) for tp in wanted]
 
-    def expired_records(self, group_id: str, base_ms: Callable[[OffsetAndMetadata], int] | None,
+    def expired_records(self, group_id: str, base_ms: Callable[[int], int] | None,
                         is_subscribed: Callable[[str], bool], now_ms: int, retention_ms: int
                         ) -> tuple[list[Record], bool]:
         """Kafka's cleanupExpiredOffsets for one group: tombstones for the offsets whose retention,
-        counted from ``base_ms(offset)``, has passed, skipping topics the group subscribes to and
+        counted from ``base_ms(commit time)``, has passed, skipping topics the group subscribes to and
         partitions with a pending transactional offset. Also says whether that leaves the group with no
         offset and no open transaction holding offsets for it. ``base_ms`` None: nothing expires."""
         committed = self.offsets.get(group_id, {})
@@ -70,7 +70,7 @@ class OffsetMetadataManager:
         records: list[Record] = []
         all_expired = True
         for tp, om in sorted(committed.items()):
-            if (not is_subscribed(tp[0]) and now_ms - base_ms(om) >= retention_ms
+            if (not is_subscribed(tp[0]) and now_ms - base_ms(om.commit_timestamp_ms) >= retention_ms
                     and not self.has_pending(group_id, tp)):
                 records.append((rec.offset_key(group_id, *tp), None))
             else:
