@@ -165,3 +165,20 @@ def test_leave_by_instance_id_alone_removes_the_static_member() -> None:
     g = h.gc.groups["g"]
     assert g.state is GroupState.EMPTY and not g.members and not g.static_members
     assert h.heartbeat(new.member_id, 1, "i-1") == ErrorCode.unknown_member_id
+
+
+def test_replacement_during_a_rebalance_survives_a_restart() -> None:
+    """Found by the model test: mid-rebalance the log holds the last Stable generation, naming the old
+    member id; a restart then brought the fenced id back. The replacement is logged at once."""
+    h = GroupLog()
+    leader, s = _leader_and_static_follower(h)
+    h.sync(leader, 2, [(leader, b"p0"), (s, b"p1")])
+    assert h.sync(s, 2, instance="i-1").value.assignment == b"p1"
+    h.join()  # a third member: PreparingRebalance
+    replacement = h.join(instance="i-1")
+    assert replacement.value is None and h.gc.groups["g"].state is GroupState.PREPARING_REBALANCE
+    new_id = h.gc.groups["g"].static_members["i-1"]
+    gc = h.restart()
+    assert gc.heartbeat("g", 2, s, "i-1") == FENCED
+    assert gc.groups["g"].static_members["i-1"] == new_id
+    assert gc.groups["g"].members[new_id].assignment == b"p1" and gc.groups["g"].generation_id == 2

@@ -202,6 +202,13 @@ class GroupMetadataManager:
             self._emit_group(g)
             return respond(JoinResult(ErrorCode.none, g.generation_id, g.protocol_type, g.protocol_name,
                                       previous_leader or "", new.member_id, []))
+        # Mid-rebalance the group's image in the log is the last Stable generation. If it names the
+        # old member id, log it again with the new one (same generation and assignment): a
+        # restart before this rebalance completes must not bring the fenced member id back.
+        logged = self.logged.get(g.group_id)
+        rewritten = rec.with_member_replaced(logged, old_id, new.member_id) if logged is not None else None
+        if rewritten is not None:
+            self._records.append((rec.group_key(g.group_id), rewritten))
         new.awaiting_join = respond
         self._rebalance(g, now)
 

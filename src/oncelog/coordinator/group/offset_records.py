@@ -92,3 +92,19 @@ def group_from_value(group_id: str, payload: dict[str, Any]) -> GroupMetadata:
             g.static_members[m.group_instance_id] = m.member_id
     g.state = GroupState.STABLE if g.members else GroupState.EMPTY
     return g
+
+
+def with_member_replaced(value: bytes, old_member_id: str, new_member_id: str) -> bytes | None:
+    """The group-metadata value ``value`` with a static member's id replaced (assignment, instance
+    id and leadership kept), or None if ``old_member_id`` is not in it."""
+    payload = json.loads(value)
+    found = False
+    for md in payload["members"]:
+        if md["member_id"] == old_member_id:
+            md["member_id"] = new_member_id
+            found = True
+    if not found:
+        return None
+    if payload["leader"] == old_member_id:
+        payload["leader"] = new_member_id
+    return json.dumps(payload, separators=(",", ":")).encode()
