@@ -7,11 +7,13 @@ future); every callback is called at most once.
 
 Membership lives in memory, as in Kafka (whose classic-group records are appended without being
 replayed at runtime): a rebalance is a conversation with parked requests and timers, not durable
-state. Its durable image is the group-metadata record, written when a rebalance completes (Stable)
-and when the group becomes Empty, and buffered for ``take_records``. ``replay_group`` keeps the newest
-logged value per group (``logged``, what a checkpoint must keep) and, while loading, rebuilds the
-group from it; a group tombstone always removes the group (that is how a group dies: DeleteGroups
-and offset expiration only return the tombstone, replaying it is the change).
+state. Its durable image is the group-metadata record, written when a rebalance completes (Stable),
+when the group becomes Empty and when a static member is replaced, and buffered for ``take_records``;
+the log therefore always holds the last Stable (or Empty) generation, never one still rebalancing.
+``replay_group`` keeps the newest logged value per group (``logged``, what a checkpoint must keep)
+and, while loading, rebuilds the group from it; a group tombstone always removes the group (that is
+how a group dies: DeleteGroups and offset expiration only return the tombstone, replaying it is the
+change).
 
 Invariants (see also ``group_state``): ``generation_id`` only grows while a group lives; a member id
 is in ``members`` or in ``pending_members``, never both; ``static_members`` maps each instance id to
@@ -438,10 +440,11 @@ class GroupMetadataManager:
             g.members[member_id].last_heartbeat_ms = self.clock.now_ms()
 
     def validate_delete(self, group_id: str) -> ErrorCode:
+        """DeleteGroups: only an Empty group may be deleted (Kafka's validateDeleteGroup)."""
         g = self.groups.get(group_id)
         if g is None:
             return ErrorCode.group_id_not_found
-        if g.members:
+        if g.state is not G.EMPTY:
             return ErrorCode.non_empty_group
         return ErrorCode.none
 
@@ -456,6 +459,10 @@ class GroupMetadataManager:
             self.groups[group_id] = GroupMetadata(group_id, state_timestamp_ms=self.clock.now_ms())
 
     def replay_group(self, group_id: str, value: bytes | None, payload: dict[str, Any] | None) -> None:
+        """A group-metadata record reached the log. A value is remembered as the group's logged image
+        (and rebuilds the group while loading); a tombstone moves the group to Dead and forgets it.
+        Tombstones are only generated for Empty groups, and appended and replayed without awaiting,
+        so at runtime the group is still Empty when its tombstone is replayed."""
         if value is None:
             self.logged.pop(group_id, None)
             g = self.groups.pop(group_id, None)
