@@ -75,7 +75,7 @@ class GroupMetadata:
     static_members: dict[str, str] = field(default_factory=dict)  # group.instance.id -> member id
     rebalance_deadline_ms: int = 0
     initial_delay_until_ms: int = 0
-    state_timestamp_ms: int = 0
+    state_timestamp_ms: int = 0  # when it entered its state; -1: unknown (loaded from an older record)
 
     def transition_to(self, state: GroupState, now_ms: int) -> None:
         if self.state not in VALID_PREVIOUS[state]:
