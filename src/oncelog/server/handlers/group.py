@@ -96,33 +96,59 @@ def _by_topic(errors: dict[tuple[str, int], ErrorCode]) -> list[dict[str, Any]]:
     return [{"name": t, "partitions": ps} for t, ps in out.items()]
 
 
+def _split_unknown(broker: Broker, offsets: list[tuple[str, int, int, int, str | None]]
+                   ) -> tuple[list[tuple[str, int, int, int, str | None]], dict[tuple[str, int], ErrorCode]]:
+    """Kafka's KafkaApis check before the coordinator: offsets for partitions that do not exist are
+    answered UNKNOWN_TOPIC_OR_PARTITION, and only the rest reach the (sans-IO) coordinator."""
+    known = [o for o in offsets if broker.logs.get_partition(o[0], o[1]) is not None]
+    unknown = {(o[0], o[1]): ErrorCode.unknown_topic_or_partition for o in offsets
+               if broker.logs.get_partition(o[0], o[1]) is None}
+    return known, unknown
+
+
+def _in_request_order(offsets: list[tuple[str, int, int, int, str | None]],
+                      *results: dict[tuple[str, int], ErrorCode]) -> dict[tuple[str, int], ErrorCode]:
+    merged: dict[tuple[str, int], ErrorCode] = {}
+    for r in results:
+        merged.update(r)
+    return {(t, p): merged[(t, p)] for t, p, *_ in offsets}
+
+
 def handle_offset_commit(broker: Broker, req: Request) -> dict[str, Any]:
     b = req.body
     c = broker.coordination
-    result = c.groups.offset_commit(b.group_id, b.generation_id_or_member_epoch, b.member_id,
-                                    getattr(b, "group_instance_id", None), _offsets_in(b.topics))
-    if result.records:
-        c.apply_group_records(b.group_id, result.records)
-    return {"throttle_time": 0, "topics": _by_topic(result.errors)}
+    offsets = _offsets_in(b.topics)
+    known, errors = _split_unknown(broker, offsets)
+    if known:
+        result = c.groups.offset_commit(b.group_id, b.generation_id_or_member_epoch, b.member_id,
+                                        getattr(b, "group_instance_id", None), known)
+        if result.records:
+            c.apply_group_records(b.group_id, result.records)
+        errors = _in_request_order(offsets, errors, result.errors)
+    return {"throttle_time": 0, "topics": _by_topic(errors)}
 
 
 def handle_txn_offset_commit(broker: Broker, req: Request) -> dict[str, Any]:
     b = req.body
     c = broker.coordination
     offsets = _offsets_in(b.topics)
+    known, unknown = _split_unknown(broker, offsets)
+    if not known:
+        return {"throttle_time": 0, "topics": _by_topic(unknown)}
     tp = c.offsets_partition_for(b.group_id)
     code = c.txn.is_partition_in_transaction(b.producer_id, b.producer_epoch, *tp)
     if code == ErrorCode.invalid_producer_epoch:
         code = ErrorCode.producer_fenced if req.api_version >= 3 else ErrorCode.invalid_producer_epoch
     if code != ErrorCode.none:
-        return {"throttle_time": 0, "topics": _by_topic({(t, p): code for t, p, *_ in offsets})}
+        return {"throttle_time": 0, "topics": _by_topic(
+            _in_request_order(offsets, unknown, {(t, p): code for t, p, *_ in known}))}
     result = c.groups.txn_offset_commit(b.group_id, b.producer_id, getattr(b, "generation_id", -1),
-                                        getattr(b, "member_id", ""), getattr(b, "group_instance_id", None), offsets)
+                                        getattr(b, "member_id", ""), getattr(b, "group_instance_id", None), known)
     if result.records:
         error = c.apply_txn_offset_records(b.group_id, b.producer_id, b.producer_epoch, result.records)
         if error != ErrorCode.none:
             result.errors = dict.fromkeys(result.errors, error)
-    return {"throttle_time": 0, "topics": _by_topic(result.errors)}
+    return {"throttle_time": 0, "topics": _by_topic(_in_request_order(offsets, unknown, result.errors))}
 
 
 def _fetch_group(broker: Broker, group_id: str, topics: Any, require_stable: bool) -> list[dict[str, Any]]:
