@@ -50,7 +50,7 @@ def test_expired_group_is_tombstoned_and_not_reloaded(tmp_path: Path) -> None:
         b.coordination.checkpoint_internal_logs(0)
         clock.advance(1)
     finally:
-        b.logs.close()
+        b.close()
     b = _broker(tmp_path / "d", clock)
     try:
         assert _listed(b) == {"young"}
@@ -59,9 +59,9 @@ def test_expired_group_is_tombstoned_and_not_reloaded(tmp_path: Path) -> None:
         b.coordination.expire_offsets()
         assert _listed(b) == set()
     finally:
-        b.logs.close()
+        b.close()
     b = _broker(tmp_path / "d", clock)
     try:
         assert _listed(b) == set()
     finally:
-        b.logs.close()
+        b.close()
