@@ -51,5 +51,20 @@ soak: setup
 		--broker-cmd "$(CURDIR)/$(BIN)/python -m oncelog broker --data-dir $(SOAK_DIR) --listen 127.0.0.1:{port}" \
 		--report soak-report.html
 
+# Power cuts through LazyFS (tests/faults/power_cut.py), both fsync modes, POWER_CUT_ROUNDS rounds each.
+# ONCELOG_LAZYFS names the LazyFS binary; POWER_CUT_PYTHON picks the broker's interpreter (another checkout).
+.PHONY: power-cut fuzz
+POWER_CUT_ROUNDS ?= 20
+POWER_CUT_PYTHON ?= $(CURDIR)/$(BIN)/python
+power-cut: setup
+	@if [ -z "$$ONCELOG_LAZYFS" ]; then \
+		echo "make power-cut: set ONCELOG_LAZYFS to a LazyFS binary (https://github.com/dsrhaslab/lazyfs)" >&2; \
+		exit 2; fi
+	$(BIN)/python -m tests.faults.power_cut --lazyfs "$$ONCELOG_LAZYFS" --mode both \
+		--rounds $(POWER_CUT_ROUNDS) --seed $${SEED:-1} --python "$(POWER_CUT_PYTHON)"
+
+# fuzz: the long randomized runs; the power cuts are one of them.
+fuzz: power-cut
+
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
