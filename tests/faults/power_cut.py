@@ -142,7 +142,10 @@ class LazyFS:
     def _command(self, command: bytes) -> None:
         # One command per write, and never a second before the first was handled: LazyFS reads the
         # FIFO in chunks and takes each chunk as one command.
-        fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)  # LazyFS holds it open read-write
+        try:
+            fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)  # LazyFS holds it open read-write
+        except OSError as exc:  # ENXIO: nobody reads it, LazyFS is gone
+            raise HarnessError(f"cannot send {command.strip()!r} to LazyFS ({exc}); see {self.log_path}") from None
         try:
             os.write(fd, command)
         finally:
@@ -897,7 +900,15 @@ def run(opts: argparse.Namespace) -> list[RoundResult]:
         for mode in modes:
             print(f"\n{header()}", flush=True)
             for round_no in range(opts.first_round, opts.first_round + opts.rounds):
-                r = run_round(opts, mode, round_no, workroot)
+                try:
+                    r = run_round(opts, mode, round_no, workroot)
+                except HarnessError:
+                    raise
+                except Exception as exc:
+                    import traceback
+                    traceback.print_exc()
+                    raise HarnessError(f"{mode} round {round_no} failed in the harness: {exc!r} "
+                                       f"(its files: {workroot / f'{mode}-r{round_no:03d}'})") from exc
                 results.append(r)
                 print_round(r, opts.verbose)
                 if opts.json:
