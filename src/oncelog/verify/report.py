@@ -26,6 +26,8 @@ def print_table(report: Report, title: str) -> None:
     console.print(t)
     stats = ", ".join(f"{k} {v}" for k, v in report.stats.items())
     console.print(stats)
+    for note in report.notes:
+        console.print(f"note: {note}")
     for a in report.anomalies[:20]:
         console.print(f"[red]{a.kind}[/red]: {a.detail}")
     if len(report.anomalies) > 20:
@@ -69,6 +71,7 @@ def write_html(path: Path, history: History, report: Report, title: str) -> None
 <body><h1>{html.escape(title)}</h1>
 <p>{"no anomaly found" if report.ok else f"{len(report.anomalies)} anomalies"}; checked: {", ".join(KINDS)}.</p>
 <table>{rows}</table><p>{html.escape(str(report.stats))}</p>
+<ul>{"".join(f"<li>{html.escape(n)}</li>" for n in report.notes)}</ul>
 <h2>Timeline</h2><p>transactions: <span style="color:{COLORS['committed']}">committed</span>,
 <span style="color:{COLORS['aborted']}">aborted</span>, <span style="color:{COLORS['unknown']}">unknown</span>;
 dots are polls; faults: {legend}</p>{"".join(parts)}
