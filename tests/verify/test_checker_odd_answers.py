@@ -98,3 +98,13 @@ def test_negative_partition_in_an_acknowledgement() -> None:
     h = committed(["a"], [0])
     h.sends[0].partition = -1
     assert "missing-offset" in kinds(h)
+
+
+def test_values_that_look_like_markup_are_printed_verbatim(capsys: pytest.CaptureFixture[str]) -> None:
+    from oncelog.verify.report import print_table
+
+    h = committed(["a"], [0])
+    h.polls.append(Poll("c1", 20, [(0, 0, "a"), (0, 1, "[/red] [bold]x")]))
+    print_table(check(h), "t [/x]")
+    out = capsys.readouterr().out
+    assert "garbage-read: c1 read '[/red] [bold]x' at 0/1" in out
