@@ -239,6 +239,8 @@ def _run(args: argparse.Namespace) -> int:
         title = f"oncelog verify (seed {args.seed}, faults {','.join(sorted(faults)) or 'none'})"
         if args.history:
             _write(args.history, "--history", history.dump)  # before checking: it survives whatever follows
+            print(f"history written to {args.history} (oncelog verify --check {args.history} checks it again)",
+                  file=sys.stderr)
     report = check(history)
     print_table(report, title)
     for error in history.meta.get("errors") or []:

@@ -9,7 +9,7 @@ from oncelog.verify.checker import KINDS, Report
 from oncelog.verify.history import History
 
 COLORS = {"committed": "#2a9d8f", "aborted": "#e9c46a", "unknown": "#9aa0a6"}
-EXAMPLES = 5  # anomalies printed per kind; the HTML report and --history have all of them
+EXAMPLES = 5  # anomalies printed per kind; the HTML report lists the first 500
 FAULT_COLORS = {"drop": "#e76f51", "reset": "#d62828", "delay": "#f4a261", "zombie": "#6a4c93",
                 "crash": "#8338ec", "broker-kill": "#000000", "broker-pause": "#555555"}
 
@@ -75,7 +75,7 @@ def write_html(path: Path, history: History, report: Report, title: str) -> None
 <style>body{{font-family:sans-serif;margin:2em}}td{{padding:2px 10px;border-bottom:1px solid #ddd}}</style></head>
 <body><h1>{html.escape(title)}</h1>
 <p>{"no anomaly found" if report.ok else f"{len(report.anomalies)} anomalies"}; checked: {", ".join(KINDS)}.</p>
-<table>{rows}</table><p>{html.escape(str(report.stats))}</p>
+<table>{rows}</table><p>{html.escape(", ".join(f"{k} {v}" for k, v in report.stats.items()))}</p>
 <ul>{"".join(f"<li>{html.escape(n)}</li>" for n in report.notes)}</ul>
 <h2>Timeline</h2><p>transactions: <span style="color:{COLORS['committed']}">committed</span>,
 <span style="color:{COLORS['aborted']}">aborted</span>, <span style="color:{COLORS['unknown']}">unknown</span>;

@@ -209,6 +209,11 @@ def _finish(producer: Producer, abort: bool) -> str:
     return "unknown"
 
 
+def _quietly(fn: Callable[..., Any], *args: Any) -> None:
+    with contextlib.suppress(Exception):
+        fn(*args)
+
+
 def _take_command(ctl: Controls, name: str) -> str | None:
     q = ctl.commands.get(name)
     if q is None:
@@ -220,16 +225,46 @@ def _take_command(ctl: Controls, name: str) -> str | None:
 
 
 class _Fence:
-    """A zombie or crash fault: a new instance with the same transactional.id fences the current
-    one mid-transaction. The zombie then sends once more and tries to commit (both must fail); the
-    crashed one is simply abandoned."""
+    """A zombie or crash fault: a new instance with the same transactional.id replaces the current
+    one. "zombie": the successor fences it mid-transaction, then the zombie sends once more and tries
+    to commit (both must fail; its transaction is aborted). "crash": the client dies mid-transaction
+    (abandoned; aborted by the successor) or, half of the time, right after it asked to commit (the
+    EndTxn may or may not have reached the coordinator: the outcome is unknown, and the transaction
+    must be all visible or not at all)."""
 
-    def __init__(self, spec: RunSpec, tid: str, ctl: Controls, rec: Recorder, name: str) -> None:
-        self.spec, self.tid, self.ctl, self.rec, self.name = spec, tid, ctl, rec, name
+    def __init__(self, spec: RunSpec, tid: str, ctl: Controls, rec: Recorder, name: str,
+                 rng: random.Random) -> None:
+        self.spec, self.tid, self.ctl, self.rec, self.name, self.rng = spec, tid, ctl, rec, name, rng
+
+    def _replace_then(self, commit: threading.Thread) -> Producer:
+        """Start the replacement's initialisation, then let the old instance's commit go."""
+        box: dict[str, Any] = {}
+        init = threading.Thread(target=lambda: box.update(p=_txn_producer(self.spec, self.tid, self.ctl.stop_all)),
+                                daemon=True)
+        init.start()
+        time.sleep(self.rng.uniform(0, 0.6))  # initialising takes 0.1-0.6 s here: the EndTxn lands before or after
+        commit.start()
+        init.join(120)
+        if "p" not in box:
+            raise Stuck("the replacement producer did not initialise within 120 s")
+        producer: Producer = box["p"]
+        return producer
 
     def run(self, kind: str, old: Producer, txn_no: int, sends: list[Send],
             extra: Send | None) -> tuple[Producer, str, int, int]:
         start = self.rec.ms()
+        if kind == "crash" and self.rng.random() < 0.5:
+            # The dying client's EndTxn and its replacement's InitProducerId race: the commit wins
+            # (visible) or the replacement aborts the transaction first (invisible).
+            commit = threading.Thread(target=_quietly, args=(old.commit_transaction, 20), daemon=True)
+            replace = self.rng.random() < 0.5
+            if not replace:
+                commit.start()
+                time.sleep(self.rng.uniform(0, 0.01))
+            successor = bounded(lambda: _txn_producer(self.spec, self.tid, self.ctl.stop_all),
+                                120) if not replace else self._replace_then(commit)
+            self.rec.write("fault", Fault("crash", start, self.rec.ms(), f"{self.name} txn {txn_no} mid-commit"))
+            return successor, "unknown", start, -1
         successor = _txn_producer(self.spec, self.tid, self.ctl.stop_all)
         while self.rec.ms() <= start:
             time.sleep(0.001)
@@ -245,9 +280,9 @@ class _Fence:
                 except (KafkaException, BufferError):
                     pass
             try:
-                old.commit_transaction(10)
+                bounded(lambda: old.commit_transaction(10), 40)
                 outcome = "committed"  # a fenced producer's commit acknowledged: zombie-accepted
-            except KafkaException:
+            except (KafkaException, Stuck):
                 outcome = "aborted"
             with contextlib.suppress(Exception):
                 old.flush(3)
@@ -263,7 +298,7 @@ def producer_loop(spec: RunSpec, role: RoleSpec, ctl: Controls, rec: Recorder) -
         return
     tid = f"{spec.prefix}-{name}"
     producer = _txn_producer(spec, tid, ctl.stop_all)
-    fence = _Fence(spec, tid, ctl, rec, name)
+    fence = _Fence(spec, tid, ctl, rec, name, random.Random(spec.seed * 1000 + 900 + role.index))
     txn_no = 0
     while not ctl.stop_writes.is_set():
         txn_no += 1
@@ -338,7 +373,7 @@ class _Copier:
         self.pending_assign: set[int] = set()
         self.consumer = self._consumer()
         self.producer = _txn_producer(spec, self.tid, ctl.stop_all)
-        self.fence = _Fence(spec, self.tid, ctl, rec, self.name)
+        self.fence = _Fence(spec, self.tid, ctl, rec, self.name, random.Random(spec.seed * 1000 + 950 + role.index))
 
     def _consumer(self) -> Consumer:
         c = Consumer(client_conf(self.spec.bootstrap, **{
