@@ -257,12 +257,12 @@ class _Fence:
             # The dying client's EndTxn and its replacement's InitProducerId race: the commit wins
             # (visible) or the replacement aborts the transaction first (invisible).
             commit = threading.Thread(target=_quietly, args=(old.commit_transaction, 20), daemon=True)
-            replace = self.rng.random() < 0.5
-            if not replace:
+            if self.rng.random() < 0.5:
+                successor = self._replace_then(commit)
+            else:
                 commit.start()
                 time.sleep(self.rng.uniform(0, 0.01))
-            successor = bounded(lambda: _txn_producer(self.spec, self.tid, self.ctl.stop_all),
-                                120) if not replace else self._replace_then(commit)
+                successor = bounded(lambda: _txn_producer(self.spec, self.tid, self.ctl.stop_all), 120)
             self.rec.write("fault", Fault("crash", start, self.rec.ms(), f"{self.name} txn {txn_no} mid-commit"))
             return successor, "unknown", start, -1
         successor = _txn_producer(self.spec, self.tid, self.ctl.stop_all)
