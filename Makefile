@@ -49,7 +49,7 @@ soak: setup
 	$(BIN)/oncelog verify --duration 240 --seed $${SEED:-7} \
 		--faults drop,reset,delay,zombie,crash,broker-kill,broker-pause \
 		--broker-cmd "$(CURDIR)/$(BIN)/python -m oncelog broker --data-dir $(SOAK_DIR) --listen 127.0.0.1:{port}" \
-		--report soak-report.html
+		--report soak-report.html --history $(SOAK_DIR)-history.jsonl
 
 # Power cuts through LazyFS (tests/faults/power_cut.py), both fsync modes, POWER_CUT_ROUNDS rounds each.
 # ONCELOG_LAZYFS names the LazyFS binary; POWER_CUT_PYTHON picks the broker's interpreter (another checkout).
