@@ -34,7 +34,7 @@ demo: setup
 test: setup
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not lazyfs" tests
 
 lint: setup
 	$(BIN)/ruff check src tests
@@ -49,15 +49,32 @@ soak: setup
 	$(BIN)/oncelog verify --duration 240 --seed $${SEED:-7} \
 		--faults drop,reset,delay,zombie,crash,broker-kill,broker-pause \
 		--broker-cmd "$(CURDIR)/$(BIN)/python -m oncelog broker --data-dir $(SOAK_DIR) --listen 127.0.0.1:{port}" \
-		--report soak-report.html
+		--report soak-report.html --history $(SOAK_DIR)-history.jsonl
 
-# Long adversarial runs (about 20 minutes): the transaction model for 12,000 steps, and 1,000
-# power cuts per fsync mode on the recording file system.
+# Power cuts through LazyFS (tests/faults/power_cut.py), both fsync modes, POWER_CUT_ROUNDS rounds each.
+# ONCELOG_LAZYFS names the LazyFS binary; POWER_CUT_PYTHON picks the broker's interpreter (another checkout).
+.PHONY: power-cut
+POWER_CUT_ROUNDS ?= 20
+POWER_CUT_PYTHON ?= $(CURDIR)/$(BIN)/python
+power-cut: setup
+	@if [ -z "$$ONCELOG_LAZYFS" ]; then \
+		echo "make power-cut: set ONCELOG_LAZYFS to a LazyFS binary (https://github.com/dsrhaslab/lazyfs)" >&2; \
+		exit 2; fi
+	$(BIN)/python -m tests.faults.power_cut --lazyfs "$$ONCELOG_LAZYFS" --mode both \
+		--rounds $(POWER_CUT_ROUNDS) --seed $${SEED:-1} --python "$(POWER_CUT_PYTHON)"
+
+# Long adversarial runs (about 20 minutes): the transaction model for 12,000 steps, 1,000 power cuts
+# per fsync mode on the recording file system, and, when ONCELOG_LAZYFS names a LazyFS binary, the
+# power cuts through LazyFS too.
 fuzz: setup
 	ONCELOG_MODEL_EXAMPLES=400 $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 0 \
 		tests/transactions/test_txn_model.py
+	ONCELOG_GROUP_MODEL_EXAMPLES=2000 $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 0 \
+		tests/coordinator/test_group_membership_model.py
 	ONCELOG_POWER_CUT_ROUNDS=1000 ONCELOG_POWER_CUT_SEED=$${SEED:-1000} $(BIN)/python -m pytest -q \
 		-p no:cacheprovider --timeout 0 tests/storage/test_power_cut.py
+	@if [ -n "$$ONCELOG_LAZYFS" ]; then $(MAKE) power-cut; \
+		else echo "fuzz: ONCELOG_LAZYFS is not set; the LazyFS power cuts were not run (make power-cut)"; fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

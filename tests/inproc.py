@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +41,20 @@ API_TXN_OFFSET_COMMIT = 28
 API_DESCRIBE_PRODUCERS = 61
 
 
+@dataclass
+class Session:
+    """What a connection tells handlers about its client (server.connection.KafkaConnection)."""
+
+    principal: str
+    host: str = "127.0.0.1"
+    throttle_ms: int = 0
+
+
 class InProcessBroker:
     def __init__(self, data_dir: Path, clock: ManualClock | None = None, **config: Any) -> None:
         self.data_dir = data_dir
         self.clock = clock or ManualClock(1_700_000_000_000)
-        self.config = BrokerConfig(data_dir=data_dir, auto_create_topics_enable=True, **config)
+        self.config = BrokerConfig(data_dir=data_dir, **{"auto_create_topics_enable": True, **config})
         self.loop = asyncio.new_event_loop()
         self.broker = self._open()
         self._corr = 0
@@ -73,12 +82,16 @@ class InProcessBroker:
         self.loop.close()
 
     # --- requests ----------------------------------------------------------------------------------
-    def call(self, api_key: int, version: int, fields: dict[str, Any], client_id: str = "inproc") -> Any:
-        """Send one request; return the decoded response (None for acks=0 produce)."""
+    def call(self, api_key: int, version: int, fields: dict[str, Any], client_id: str = "inproc",
+             principal: str | None = None) -> Any:
+        """Send one request (as ``principal``, e.g. ``User:alice``, if given); return the decoded
+        response (None for acks=0 produce)."""
         self._corr += 1
         frame = encode_request(api_key, version, self._corr, build(request_type(api_key, version), fields),
                                client_id=client_id)
         request = decode_request(frame[4:], self.broker.supported_versions)
+        if principal is not None:
+            request = replace(request, session=Session(principal))
         result = self.broker.handlers[api_key](self.broker, request)
         if inspect.isawaitable(result):
             result = self.loop.run_until_complete(result)

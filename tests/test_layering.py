@@ -12,8 +12,8 @@ ALLOWED: dict[str, set[str]] = {
     "protocol": set(),
     "storage": {"protocol"},
     "coordinator": {"protocol", "storage"},
-    "server": {"protocol", "storage", "coordinator", "security"},
     "security": {"protocol", "storage"},
+    "server": {"protocol", "storage", "coordinator", "security"},
     "spark": set(),
     "verify": set(),
 }

@@ -106,11 +106,11 @@ def test_static_member_rejoins_without_rebalance_and_old_id_is_fenced() -> None:
     assert again.error == ErrorCode.none and again.member_id != a.member_id and again.generation_id == 1
     assert gc.groups["g"].state is GroupState.STABLE
     assert sync(gc, again.member_id, 1).value.assignment == b"mine"
-    assert gc.heartbeat("g", 1, a.member_id, "i-1") == ErrorCode.unknown_member_id
+    assert gc.heartbeat("g", 1, a.member_id, "i-1") == ErrorCode.fenced_instance_id  # KIP-345
     assert gc.heartbeat("g", 1, again.member_id, "i-1") == ErrorCode.none
     box = Box()
     gc.sync_group("g", 1, a.member_id, "i-1", [], box)
-    assert box.value.error in (ErrorCode.unknown_member_id, ErrorCode.fenced_instance_id)
+    assert box.value.error == ErrorCode.fenced_instance_id
 
 
 def test_invalid_requests() -> None:
@@ -193,9 +193,12 @@ def test_delete_groups_offset_delete_and_retention() -> None:
     for k, v in gc.offset_commit("solo", -1, "", None, [("t", 0, 1, -1, None)]).records:
         gc.replay(k, v)
     a = join(gc).value
-    errors, _ = gc.delete_groups(["g", "solo", "missing"])
+    errors, records = gc.delete_groups(["g", "solo", "missing"])
     assert errors == {"g": ErrorCode.non_empty_group, "solo": ErrorCode.none, "missing": ErrorCode.group_id_not_found}
-    assert "solo" not in gc.groups
+    assert "solo" in gc.groups  # records, then replay: nothing changes before the records are replayed
+    for k, v in records:
+        gc.replay(k, v)
+    assert "solo" not in gc.groups and "g" in gc.groups
     sync(gc, a.member_id, 1, [(a.member_id, b"")])
     _top, per, _ = gc.offset_delete("g", [("t", 0), ("other", 0)])
     assert per == {("t", 0): ErrorCode.group_subscribed_to_topic, ("other", 0): ErrorCode.none}

@@ -56,9 +56,12 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
         b.kill()
 
 
+SUPER = ("--super-users", "User:alice")  # --sasl turns the authorizer on: alice may do everything
+
+
 @pytest.fixture
 def sasl_broker(start_broker: Callable[..., BrokerProcess]) -> BrokerProcess:
-    return start_broker("--sasl")
+    return start_broker("--sasl", *SUPER)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from oncelog.security.credentials import CredentialStore, users_path
 from oncelog.security.scram import SCRAM_SHA_256, SCRAM_SHA_512
 from oncelog.server.cli import add_arguments, config_from_args
 from oncelog.testing.broker_process import BrokerProcess, free_port
-from tests.security.conftest import add_user, rdkafka_conf
+from tests.security.conftest import SUPER, add_user, rdkafka_conf
 from tests.security.test_sasl_clients import produce
 
 
@@ -68,7 +68,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], s
 
 def test_offline_changes_are_refused_while_a_broker_runs(start_broker: Callable[..., BrokerProcess],
                                                          tmp_path: Path) -> None:
-    b = start_broker("--sasl", data_dir=tmp_path / "live")
+    b = start_broker("--sasl", *SUPER, data_dir=tmp_path / "live")
     before = users_path(tmp_path / "live").read_bytes()
     r = add_user(tmp_path / "live", "mallory", "pw")
     assert r.returncode == 1
@@ -89,17 +89,24 @@ def _config(*flags: str) -> object:
 
 def test_flags_and_toml_give_kafkas_settings(tmp_path: Path) -> None:
     cfg = _config("--sasl", "--super-users", "User:alice,User:bob", "--sasl-enabled-mechanisms", "SCRAM-SHA-512")
-    assert cfg.sasl_enabled and cfg.super_users == ["User:alice", "User:bob"]  # type: ignore[attr-defined]
+    assert cfg.sasl_enabled and cfg.super_user_set == {"User:alice", "User:bob"}  # type: ignore[attr-defined]
     assert cfg.sasl_enabled_mechanisms == ["SCRAM-SHA-512"]  # type: ignore[attr-defined]
     assert cfg.security_protocol == "SASL_PLAINTEXT"  # type: ignore[attr-defined]
+    assert cfg.authorizer_enabled  # type: ignore[attr-defined]  # --sasl turns the authorizer on
     toml = tmp_path / "b.toml"
-    toml.write_text('sasl_enabled = true\n"super.users" = "User:CN=a,O=b;User:carol"\n'
-                    '"sasl.enabled.mechanisms" = ["PLAIN", "SCRAM-SHA-256"]\n')
+    toml.write_text('sasl_enabled = true\n"super.users" = ["User:dave", "User:carol"]\n'
+                    '"sasl.enabled.mechanisms" = ["PLAIN", "SCRAM-SHA-256"]\nauthorizer_enabled = false\n')
     cfg = _config("--config", str(toml))
-    assert cfg.super_users == ["User:CN=a,O=b", "User:carol"]  # type: ignore[attr-defined]
+    assert cfg.super_user_set == {"User:dave", "User:carol"}  # type: ignore[attr-defined]
     assert cfg.sasl_enabled_mechanisms == ["PLAIN", "SCRAM-SHA-256"]  # type: ignore[attr-defined]
+    assert not cfg.authorizer_enabled  # type: ignore[attr-defined]  # set explicitly: authentication only
+    assert _config("--config", str(toml), "--authorizer").authorizer_enabled  # type: ignore[attr-defined]
+    assert not _config("--sasl", "--no-authorizer").authorizer_enabled  # type: ignore[attr-defined]
+    toml.write_text('super_users = "User:a;User:b"\n')
+    assert _config("--config", str(toml)).super_user_set == {"User:a", "User:b"}  # type: ignore[attr-defined]
     cfg = _config()
     assert not cfg.sasl_enabled and cfg.security_protocol == "PLAINTEXT"  # type: ignore[attr-defined]
+    assert not cfg.authorizer_enabled  # type: ignore[attr-defined]
     assert cfg.sasl_enabled_mechanisms == ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]  # type: ignore[attr-defined]
 
 

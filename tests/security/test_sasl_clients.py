@@ -173,16 +173,32 @@ def _alter(admin: AdminClient, alterations: list[Any]) -> dict[str, Any]:
     return {user: f.exception(timeout=30) for user, f in futures.items()}
 
 
-def test_users_made_with_admin_client_and_offline_survive_restarts(
-        start_broker: Callable[..., BrokerProcess]) -> None:
+def produce_error(conf: dict[str, Any], topic: str) -> str:
+    """Produce one record that must be refused; the delivery error's name."""
+    p = Producer({**conf, "message.timeout.ms": 5000})
+    results: list[Any] = []
+    p.produce(topic, b"refused", on_delivery=lambda err, msg: results.append(err))
+    p.flush(15)
+    assert len(results) == 1 and results[0] is not None
+    return str(results[0].name())
+
+
+def test_users_and_acls_made_with_admin_client_survive_restarts(start_broker: Callable[..., BrokerProcess]) -> None:
+    """The whole flow an operator follows: a super user made offline creates users and grants them
+    topics with librdkafka's AdminClient; each user writes only what it was granted."""
     from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
         ScramCredentialInfo,
         ScramMechanism,
         UserScramCredentialDeletion,
         UserScramCredentialUpsertion,
     )
 
-    b = start_broker("--sasl")
+    b = start_broker("--sasl", "--super-users", "User:alice")
     admin = AdminClient(rdkafka_conf(b))
     assert _alter(admin, [UserScramCredentialUpsertion(
         "bob", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 8192), b"bob-pw", b"bob-salt")]) == {"bob": None}
@@ -190,14 +206,25 @@ def test_users_made_with_admin_client_and_offline_survive_restarts(
         "bob", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), b"bob-pw")]) == {"bob": None}
     assert _alter(admin, [UserScramCredentialUpsertion(
         "carol", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), b"carol-pw")]) == {"carol": None}
+    produce(rdkafka_conf(b), "bobs", [b"made-by-alice"])
+    produce(rdkafka_conf(b), "alices", [b"made-by-alice"])
+    grant = AclBinding(ResourceType.TOPIC, "bobs", ResourcePatternType.LITERAL, "User:bob", "*",
+                       AclOperation.WRITE, AclPermissionType.ALLOW)
+    for f in admin.create_acls([grant], request_timeout=15).values():
+        assert f.result() is None
     bob = ("bob", "bob-pw")
     for mechanism in MECHANISMS:
         produce(rdkafka_conf(b, mechanism, bob), "bobs", [mechanism.encode()])
+    assert produce_error(rdkafka_conf(b, "SCRAM-SHA-256", bob), "alices") == "TOPIC_AUTHORIZATION_FAILED"
+    bobs_admin = AdminClient(rdkafka_conf(b, "PLAIN", bob))
+    refused = _alter(bobs_admin, [UserScramCredentialUpsertion(
+        "alice", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"stolen")])
+    assert "CLUSTER_AUTHORIZATION_FAILED" in str(refused["alice"])  # bob cannot take over alice
     described = {u: f.result(timeout=30) for u, f in admin.describe_user_scram_credentials(["bob", "alice"]).items()}
     assert sorted((i.mechanism, i.iterations) for i in described["bob"].scram_credential_infos) == \
         [(ScramMechanism.SCRAM_SHA_256, 8192), (ScramMechanism.SCRAM_SHA_512, 4096)]
     assert len(described["alice"].scram_credential_infos) == 2  # made offline: both mechanisms
-    # delete one of carol's... she only had SHA-512: she is gone
+    # carol only had SCRAM-SHA-512: deleting it deletes her
     assert _alter(admin, [UserScramCredentialDeletion("carol", ScramMechanism.SCRAM_SHA_512)]) == {"carol": None}
 
     b.restart()  # kill -9 and start again on the same data directory
@@ -207,6 +234,7 @@ def test_users_made_with_admin_client_and_offline_survive_restarts(
     for mechanism in MECHANISMS:
         produce(rdkafka_conf(b, mechanism, bob), "bobs", [b"after-restart"])
         produce(rdkafka_conf(b, mechanism), "alices", [b"after-restart"])
+    assert produce_error(rdkafka_conf(b, "SCRAM-SHA-512", bob), "alices") == "TOPIC_AUTHORIZATION_FAILED"
     got, errors = errors_of(rdkafka_conf(b, "SCRAM-SHA-512", ("carol", "carol-pw")), 3)
     assert got == [] and any(GENERIC in e for e in errors)
 
@@ -233,7 +261,7 @@ def test_admin_client_errors_as_kafka_answers_them(sasl_broker: BrokerProcess) -
         futures["ghost"].result(timeout=30)
 
 
-def test_a_deleted_user_is_disconnected_and_cannot_come_back(sasl_broker: BrokerProcess) -> None:
+def test_a_deleted_user_is_disconnected_and_cannot_come_back(start_broker: Callable[..., BrokerProcess]) -> None:
     from confluent_kafka.admin import (
         ScramCredentialInfo,
         ScramMechanism,
@@ -241,6 +269,7 @@ def test_a_deleted_user_is_disconnected_and_cannot_come_back(sasl_broker: Broker
         UserScramCredentialUpsertion,
     )
 
+    sasl_broker = start_broker("--sasl", "--super-users", "User:alice,User:dave")
     admin = AdminClient(rdkafka_conf(sasl_broker))
     assert _alter(admin, [UserScramCredentialUpsertion(
         "dave", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"dave-pw")]) == {"dave": None}
@@ -250,7 +279,7 @@ def test_a_deleted_user_is_disconnected_and_cannot_come_back(sasl_broker: Broker
                               log_level=0, **{"message.timeout.ms": 4000}))
     delivered: list[Any] = []
     p.produce("daves", b"before", on_delivery=lambda err, msg: delivered.append(err))
-    assert p.flush(30) == 0 and delivered == [None]
+    assert p.flush(30) == 0 and delivered == [None], [str(e) for e in delivered]
     assert _alter(admin, [UserScramCredentialDeletion("dave", ScramMechanism.SCRAM_SHA_256)]) == {"dave": None}
     p.produce("daves", b"after", on_delivery=lambda err, msg: delivered.append(err))
     p.flush(10)

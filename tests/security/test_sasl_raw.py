@@ -11,7 +11,7 @@ from kio.schema.metadata.v12.request import MetadataRequest
 
 from oncelog.protocol.messages import encode_request
 from oncelog.testing.broker_process import BrokerProcess
-from tests.security.conftest import ALICE, rdkafka_conf
+from tests.security.conftest import ALICE, SUPER, rdkafka_conf
 from tests.security.scram_client import RawKafka, ScramClient
 from tests.security.test_sasl_clients import GENERIC, produce
 
@@ -107,7 +107,7 @@ def test_requests_out_of_kafkas_order_are_closed(sasl_broker: BrokerProcess) -> 
 
 def test_an_unknown_mechanism_gets_the_enabled_list_then_the_connection_closes(
         start_broker) -> None:  # type: ignore[no-untyped-def]
-    b = start_broker("--sasl", "--sasl-enabled-mechanisms", "SCRAM-SHA-512,PLAIN")
+    b = start_broker("--sasl", "--sasl-enabled-mechanisms", "SCRAM-SHA-512,PLAIN", *SUPER)
     c = connect(b)
     r = c.handshake("GSSAPI")
     assert r.error_code == 33 and list(r.mechanisms) == ["SCRAM-SHA-512", "PLAIN"]

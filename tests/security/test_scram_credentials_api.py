@@ -129,3 +129,25 @@ def test_a_failed_write_is_an_error_and_changes_nothing(b: InProcessBroker, monk
                                                          "bob": ErrorCode.unknown_server_error}
     assert "No space left on device" in str(got["bob"][1])
     assert set(b.broker.security.credentials.users()) == {"alice"}
+
+
+def test_with_the_authorizer_users_need_alter_or_describe_on_the_cluster(tmp_path: Path) -> None:
+    from oncelog.security.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+
+    b = InProcessBroker(tmp_path / "d", authorizer_enabled=True, super_users="User:admin")
+    try:
+        call = {"deletions": [], "upsertions": [upsert("eve")]}
+        r = b.call(ALTER, 0, call, principal="User:bob")
+        assert [(x.user, x.error_code) for x in r.results] == [("eve", ErrorCode.cluster_authorization_failed)]
+        assert b.call(DESCRIBE, 0, {"users": None}, principal="User:bob").error_code == \
+            ErrorCode.cluster_authorization_failed
+        assert b.call(ALTER, 0, call, principal="User:admin").results[0].error_code == 0
+        assert b.broker.authorizer is not None
+        b.broker.authorizer.create([AclBinding(ResourceType.CLUSTER, "kafka-cluster", PatternType.LITERAL,
+                                               "User:bob", "*", Operation.DESCRIBE, Permission.ALLOW)])
+        assert [x.user for x in b.call(DESCRIBE, 0, {"users": None}, principal="User:bob").results] == ["eve"]
+        r = b.call(ALTER, 0, {"deletions": [{"name": "eve", "mechanism": 1}], "upsertions": []}, principal="User:bob")
+        assert r.results[0].error_code == ErrorCode.cluster_authorization_failed
+        assert "eve" in b.broker.security.credentials.users()
+    finally:
+        b.close()

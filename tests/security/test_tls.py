@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from oncelog.testing.broker_process import BrokerProcess
-from tests.security.conftest import ALICE, rdkafka_conf
+from tests.security.conftest import ALICE, SUPER, rdkafka_conf
 from tests.security.scram_client import RawKafka
 from tests.security.test_sasl_clients import GENERIC, consume, errors_of, produce
 from tests.security.test_sasl_raw import metadata_works, scram_login
@@ -49,7 +49,7 @@ def test_sasl_ssl_with_every_client(start_broker: Callable[..., BrokerProcess], 
 
     tls_files = {**tls_files, "cert": tls_files["self_cert"], "key": tls_files["self_key"],
                  "ca": tls_files["self_cert"]}
-    b = start_broker("--sasl", *tls_flags(tls_files))
+    b = start_broker("--sasl", *SUPER, *tls_flags(tls_files))
     produce(rdkafka_conf(b, "SCRAM-SHA-512", tls_ca=tls_files["ca"]), "sec", [b"librdkafka"])
     p = KafkaProducer(bootstrap_servers=b.bootstrap, security_protocol="SASL_SSL", ssl_cafile=str(tls_files["ca"]),
                       sasl_mechanism="PLAIN", sasl_plain_username=ALICE[0], sasl_plain_password=ALICE[1])
@@ -75,7 +75,7 @@ def test_sasl_ssl_with_every_client(start_broker: Callable[..., BrokerProcess], 
 
 def test_clients_that_do_not_trust_the_certificate_or_skip_tls_get_nothing(
         start_broker: Callable[..., BrokerProcess], tls_files: dict[str, Path]) -> None:
-    b = start_broker("--sasl", *tls_flags(tls_files))
+    b = start_broker("--sasl", *SUPER, *tls_flags(tls_files))
     produce(rdkafka_conf(b, tls_ca=tls_files["ca"]), "sec", [b"classified"])
     got, errors = errors_of(rdkafka_conf(b, tls_ca=tls_files["other_ca"]), 4, "sec")
     assert got == [] and any("certificate verify failed" in e for e in errors), errors

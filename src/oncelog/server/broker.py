@@ -19,6 +19,7 @@ from typing import Any
 from oncelog.clock import Clock, SystemClock
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.versions import SUPPORTED_VERSIONS
+from oncelog.security.acl import Authorizer
 from oncelog.security.listener import ListenerSecurity
 from oncelog.server.config import BrokerConfig
 from oncelog.server.quotas import QuotaManager
@@ -97,6 +98,9 @@ class Broker:
             self.logs = LogManager(config.data_dir, self.log_defaults, self.clock)
             from oncelog.server.coordination import Coordination
 
+            self.authorizer = Authorizer(
+                config.data_dir / "__meta" / "acls.json", config.super_user_set,
+                config.allow_everyone_if_no_acl_found) if config.authorizer_enabled else None
             clean = self._take_clean_shutdown_marker()
             self.coordination = Coordination(self)
             self.coordination.load(clean_shutdown=clean)

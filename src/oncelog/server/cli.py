@@ -41,13 +41,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sec.add_argument("--tls-key", metavar="PEM", help="private key (PEM, unencrypted) of --tls-cert")
     sec.add_argument("--super-users", metavar="User:NAME[,...]",
                      help="principals the authorizer always allows (Kafka's super.users; ';' also separates)")
+    sec.add_argument("--authorizer", dest="authorizer_enabled", action=argparse.BooleanOptionalAction, default=None,
+                     help="check ACLs (default: on with --sasl, off without)")
 
 
 _FLAG_KEYS = ("node_id", "auto_create_topics", "num_partitions", "flush_interval_ms", "flush_every_append",
               "log_segment_bytes", "socket_request_max_bytes",
               "transaction_abort_timed_out_transaction_cleanup_interval_ms", "transaction_max_timeout_ms",
               "group_initial_rebalance_delay_ms", "log_level")
-_SECURITY_FLAG_KEYS = ("sasl_enabled", "sasl_enabled_mechanisms", "tls_cert", "tls_key", "super_users")
+_SECURITY_FLAG_KEYS = ("sasl_enabled", "sasl_enabled_mechanisms", "tls_cert", "tls_key", "super_users",
+                       "authorizer_enabled")
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -65,6 +68,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         if value is not None:
             values[key] = value
     cfg.update(values)
+    cfg.apply_security_defaults()
     cfg.validate_security()
     return cfg
 

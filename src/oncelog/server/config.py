@@ -93,6 +93,12 @@ class BrokerConfig:
     # Byte-rate quotas per principal (bytes/s; the default is unlimited), answered with throttle_time_ms.
     quota_producer_default: int = 2**63 - 1
     quota_consumer_default: int = 2**63 - 1
+    # Authorization (Kafka's authorizer): ACLs decide who may do what once it is enabled (--sasl
+    # enables it unless authorizer_enabled is set). super_users: "User:alice,User:bob" (Kafka's
+    # super.users, ';'-separated there; --super-users; a TOML list works too).
+    authorizer_enabled: bool = False
+    allow_everyone_if_no_acl_found: bool = False
+    super_users: str = ""
     log_level: str = "INFO"
     # Security (docs/design/security.md): SASL on the listener (Kafka's SASL_PLAINTEXT, or SASL_SSL
     # with TLS), TLS from a PEM certificate and key, and the principals every authorizer lets through.
@@ -102,8 +108,12 @@ class BrokerConfig:
     connection_failed_authentication_delay_ms: int = 100  # answer a failed login after this long
     tls_cert: str | None = None
     tls_key: str | None = None
-    super_users: list[str] = field(default_factory=list)  # "User:NAME"; read by the authorizer
     extra: dict[str, Any] = field(default_factory=dict)
+    explicitly_set: set[str] = field(default_factory=set, repr=False, compare=False)  # names update() saw
+
+    @property
+    def super_user_set(self) -> frozenset[str]:
+        return frozenset(u.strip() for u in self.super_users.replace(";", ",").split(",") if u.strip())
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -125,10 +135,14 @@ class BrokerConfig:
             if key in ("advertised_listener", "advertised_listeners") and isinstance(value, str):
                 self.advertised_host, self.advertised_port = parse_host_port(value)
                 continue
-            if key not in names or key == "extra":
+            if key not in names or key in ("extra", "explicitly_set"):
                 raise ValueError(f"unknown broker config {raw_key!r}")
-            if key in ("sasl_enabled_mechanisms", "super_users"):
-                setattr(self, key, parse_list(raw_key, value, ";" if key == "super_users" else ","))
+            self.explicitly_set.add(key)
+            if key == "sasl_enabled_mechanisms":
+                self.sasl_enabled_mechanisms = parse_list(raw_key, value, ",")
+                continue
+            if key == "super_users":
+                self.super_users = ";".join(parse_list(raw_key, value, ";"))
                 continue
             if key in ("tls_cert", "tls_key"):
                 if value is not None and not isinstance(value, str):
@@ -151,6 +165,12 @@ class BrokerConfig:
         tls = self.tls_cert is not None
         return ("SASL_SSL" if tls else "SASL_PLAINTEXT") if self.sasl_enabled else ("SSL" if tls else "PLAINTEXT")
 
+    def apply_security_defaults(self) -> None:
+        """``--sasl`` turns the authorizer on (a SASL listener is there to tell principals apart),
+        unless ``authorizer_enabled`` was set explicitly (``false``: authentication only)."""
+        if self.sasl_enabled and "authorizer_enabled" not in self.explicitly_set:
+            self.authorizer_enabled = True
+
     def validate_security(self) -> None:
         """ValueError for a combination that cannot run (the CLI exits 2 with the message)."""
         from oncelog.security.sasl_server_authenticator import SUPPORTED_MECHANISMS
@@ -163,7 +183,7 @@ class BrokerConfig:
                              f"(supported: {', '.join(SUPPORTED_MECHANISMS)})")
         if self.sasl_enabled and not self.sasl_enabled_mechanisms:
             raise ValueError("SASL is enabled but sasl_enabled_mechanisms is empty")
-        for principal in self.super_users:
+        for principal in sorted(self.super_user_set):
             kind, sep, name = principal.partition(":")
             if kind != "User" or not sep or not name:
                 raise ValueError(f"super user {principal!r} must be a principal of the form User:NAME")

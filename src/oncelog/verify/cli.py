@@ -1,6 +1,8 @@
 """`oncelog verify`: run the fault-injecting workload against a Kafka-protocol broker and check it.
 
-Exit codes: 0 no anomaly, 1 anomalies found, 2 the workload could not run.
+Exit codes: 0 no anomaly, 1 anomalies found, 2 the workload could not run (a bad option, an
+unreachable broker, a broker command that does not start, an unreadable history, anything
+unexpected): then one line on stderr says why (``--debug`` adds the traceback).
 """
 
 from __future__ import annotations
@@ -13,27 +15,93 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from oncelog.verify.checker import check
+from oncelog.verify.history import History, HistoryError
 from oncelog.verify.proxy import FaultProxy
 from oncelog.verify.report import print_table, write_html
 from oncelog.verify.workload import ALL_FAULTS, BrokerControl, Workload, WorkloadError
 
+EXIT_CLEAN, EXIT_ANOMALIES, EXIT_CANNOT_RUN = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A bad option (exit code 2)."""
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+        return value
+    return parse
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
+    return value
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    def one_line_error(message: str) -> NoReturn:
+        print(f"error: oncelog verify: {message}", file=sys.stderr)
+        sys.exit(EXIT_CANNOT_RUN)
+
+    p.error = one_line_error  # type: ignore[method-assign]
     p.add_argument("--bootstrap", help="HOST:PORT of the broker under test (omit with --broker-cmd)")
     p.add_argument("--broker-cmd", help="command that starts the broker in the foreground; '{port}' is replaced "
                                         "by a free port (enables broker-kill and broker-pause faults)")
-    p.add_argument("--duration", type=float, default=20.0, help="seconds of workload (default 20)")
+    p.add_argument("--duration", type=_positive(float), default=60.0,
+                   help="seconds of workload before the drain and the final read (default 60)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--faults", default="drop,reset,delay,zombie,crash",
                    help=f"comma-separated, from {','.join(ALL_FAULTS)}; 'none' for no faults")
     p.add_argument("--txn", action=argparse.BooleanOptionalAction, default=True,
-                   help="transactional producers (default) or idempotent ones (--no-txn)")
+                   help="transactional producers and copiers (default) or idempotent producers only (--no-txn)")
+    p.add_argument("--producers", type=_count, default=3, help="transactional producers (default 3)")
+    p.add_argument("--copiers", type=_count, default=2,
+                   help="consume-transform-produce copiers in one consumer group (default 2)")
+    p.add_argument("--consumers", type=_count, default=2, help="read-only consumers (default 2)")
+    p.add_argument("--processes", type=_positive(int), default=3,
+                   help="worker processes the clients are spread over, as threads (default 3)")
     p.add_argument("--no-proxy", action="store_true", help="connect directly (no network faults)")
     p.add_argument("--report", type=Path, help="write an HTML report with a timeline here")
     p.add_argument("--history", type=Path, help="write the recorded history (JSON lines) here")
+    p.add_argument("--check", type=Path, metavar="HISTORY",
+                   help="run no workload: check a history recorded earlier with --history")
+    p.add_argument("--debug", action="store_true", help="print the traceback of an unexpected failure")
+
+
+def parse_bootstrap(text: str) -> tuple[str, int]:
+    """HOST:PORT or [IPv6]:PORT; a UsageError says what is wrong."""
+    text = text.strip()
+    if "," in text:
+        raise UsageError(f"--bootstrap {text!r}: give one HOST:PORT (verify puts its fault proxy in front of it)")
+    host, sep, port_text = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text:
+        raise UsageError(f"--bootstrap {text!r}: expected HOST:PORT")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise UsageError(f"--bootstrap {text!r}: the port {port_text!r} is not a number") from None
+    if not 0 < port < 65536:
+        raise UsageError(f"--bootstrap {text!r}: the port must be between 1 and 65535")
+    return host, port
 
 
 def _free_port() -> int:
@@ -60,14 +128,24 @@ class ManagedBroker:
 
     def __init__(self, template: str) -> None:
         self.port = _free_port()
-        self.argv = shlex.split(template.replace("{port}", str(self.port)))
+        try:
+            self.argv = shlex.split(template.replace("{port}", str(self.port)))
+        except ValueError as exc:
+            raise UsageError(f"--broker-cmd: {exc}") from None
+        if not self.argv:
+            raise UsageError("--broker-cmd is empty")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         start_new_session=True)
+        except OSError as exc:
+            raise WorkloadError(f"the broker command cannot start: {exc}") from None
         if not _wait_port(self.port, 60, self.proc):
-            raise WorkloadError(f"the broker command did not start listening on port {self.port}: {self.argv}")
+            code = self.proc.poll()
+            why = f"exited with {code}" if code is not None else "is not listening after 60 s"
+            raise WorkloadError(f"the broker command {why} (port {self.port}): {shlex.join(self.argv)}")
 
     def kill_and_restart(self) -> None:
         if self.proc is not None:
@@ -86,56 +164,110 @@ class ManagedBroker:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait(10)
 
 
-def run(args: argparse.Namespace) -> int:
-    faults = set() if args.faults == "none" else {f.strip() for f in args.faults.split(",") if f.strip()}
+def _faults(text: str) -> set[str]:
+    faults = set() if text == "none" else {f.strip() for f in text.split(",") if f.strip()}
     unknown = faults - set(ALL_FAULTS)
     if unknown:
-        print(f"error: unknown faults {sorted(unknown)}; choose from {', '.join(ALL_FAULTS)}", file=sys.stderr)
-        return 2
+        raise UsageError(f"unknown faults {sorted(unknown)}; choose from {', '.join(ALL_FAULTS)}")
+    return faults
+
+
+def _record_history(args: argparse.Namespace, faults: set[str]) -> History:
     if not args.bootstrap and not args.broker_cmd:
-        print("error: give --bootstrap or --broker-cmd", file=sys.stderr)
-        return 2
+        raise UsageError("give --bootstrap or --broker-cmd (or --check HISTORY)")
+    if args.bootstrap and args.broker_cmd:
+        raise UsageError("give --bootstrap or --broker-cmd, not both")
+    if args.producers == 0:
+        raise UsageError("--producers must be at least 1")
+    target = parse_bootstrap(args.bootstrap) if args.bootstrap else None
     managed = ManagedBroker(args.broker_cmd) if args.broker_cmd else None
     proxy = None
     try:
         if managed is not None:
             managed.start()
             target = ("127.0.0.1", managed.port)
-        else:
-            host, _, port = str(args.bootstrap).rpartition(":")
-            target = (host, int(port))
-        client_bootstrap = f"{target[0]}:{target[1]}"
+        assert target is not None
+        shown = f"{target[0]}:{target[1]}"
+        client_bootstrap = shown
         if not args.no_proxy:
             proxy = FaultProxy(*target, seed=args.seed).start()
             client_bootstrap = proxy.address
+            shown = f"{shown} (through the fault proxy at {proxy.address})"
         control = BrokerControl(managed.kill_and_restart, managed.pause) if managed is not None else None
         from rich.console import Console
+        from rich.markup import escape
 
         console = Console(stderr=True)
         with console.status("verify: starting") as status:
             workload = Workload(client_bootstrap, duration_s=args.duration, seed=args.seed, faults=faults,
-                                txn=args.txn, proxy=proxy, broker=control, progress=lambda s: status.update(s))
-            history = workload.run()
-    except WorkloadError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+                                txn=args.txn, proxy=proxy, broker=control, producers=args.producers,
+                                copiers=args.copiers, consumers=args.consumers, processes=args.processes,
+                                display_bootstrap=shown, progress=lambda s: status.update(escape(f"verify: {s}")))
+            return workload.run()
     finally:
         if proxy is not None:
             proxy.stop()
         if managed is not None:
             managed.stop()
+
+
+def _write(path: Path, option: str, write: Callable[[Path], None]) -> None:
+    try:
+        write(path)
+    except OSError as exc:
+        raise UsageError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    faults = _faults(args.faults)
+    if args.check is not None:
+        if args.bootstrap or args.broker_cmd:
+            raise UsageError("--check reads a recorded history: give neither --bootstrap nor --broker-cmd")
+        history = History.load(args.check)
+        title = f"oncelog verify --check {args.check}"
+    else:
+        history = _record_history(args, faults)
+        title = f"oncelog verify (seed {args.seed}, faults {','.join(sorted(faults)) or 'none'})"
+        if args.history:
+            _write(args.history, "--history", history.dump)  # before checking: it survives whatever follows
+            print(f"history written to {args.history} (oncelog verify --check {args.history} checks it again)",
+                  file=sys.stderr)
     report = check(history)
-    title = f"oncelog verify (seed {args.seed}, faults {','.join(sorted(faults)) or 'none'})"
     print_table(report, title)
-    if args.history:
-        history.dump(args.history)
+    for error in history.meta.get("errors") or []:
+        print(f"warning: {error}", file=sys.stderr)
     if args.report:
-        write_html(args.report, history, report, title)
-    return 0 if report.ok else 1
+        _write(args.report, "--report", lambda path: write_html(path, history, report, title))
+    if not report.ok:
+        return EXIT_ANOMALIES
+    if history.meta.get("errors"):
+        print("error: the workload did not run to the end (see the warnings); no anomaly found in what ran",
+              file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    return EXIT_CLEAN
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except (UsageError, WorkloadError, HistoryError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    except Exception as exc:
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        where = "" if getattr(args, "debug", False) else " (--debug shows the traceback)"
+        print(f"error: verify failed unexpectedly: {type(exc).__name__}: {exc}{where}", file=sys.stderr)
+        return EXIT_CANNOT_RUN

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +63,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._rules: list[DropRule] = []
         self._delay_s = 0.0
+        self._transforms: dict[int, Callable[[Any], Any]] = {}
         self.stats = ProxyStats()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -106,6 +109,11 @@ class FaultProxy:
             self._server = loop.run_until_complete(asyncio.start_server(self._handle, sock=self._sock))
             ready.set()
             loop.run_forever()
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            # Let the connections' tasks finish their cleanup instead of being destroyed pending.
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
@@ -152,9 +160,28 @@ class FaultProxy:
             self._rules = [r for r in self._rules if r.remaining > 0]
         return None
 
-    def _rewrite(self, api_key: int, version: int, body: bytes) -> bytes:
-        """Point every broker address in a Metadata/FindCoordinator response at this proxy (kio codecs)."""
+    def rewrite_responses(self, api_key: int, transform: Callable[[Any], Any] | None) -> None:
+        """Pass every response to ``api_key`` requests through ``transform`` (a kio response dataclass
+        in, one out), or stop with None: a broker that answers oddly, for testing the checker."""
+        with self._lock:
+            if transform is None:
+                self._transforms.pop(api_key, None)
+            else:
+                self._transforms[api_key] = transform
+
+    def _point_at_proxy(self, api_key: int, resp: Any) -> Any:
+        """Point every broker address in a Metadata/FindCoordinator response at this proxy."""
         import dataclasses
+
+        if api_key == API_METADATA:
+            brokers = tuple(dataclasses.replace(b, host=self.host, port=self.port) for b in resp.brokers)
+            return dataclasses.replace(resp, brokers=brokers)
+        if hasattr(resp, "host") and resp.port >= 0:
+            return dataclasses.replace(resp, host=self.host, port=self.port)
+        return resp
+
+    def _rewrite(self, api_key: int, version: int, body: bytes, transform: Callable[[Any], Any]) -> bytes:
+        """Decode a response (kio codecs), transform it, encode it again."""
         import io
 
         from kio.index import load_response_schema
@@ -165,11 +192,7 @@ class FaultProxy:
             header_t = resp_t.__header_schema__
             header, pos = entity_reader(header_t)(body, 0)
             resp, _ = entity_reader(resp_t)(body, pos)
-            if api_key == API_METADATA:
-                brokers = tuple(dataclasses.replace(b, host=self.host, port=self.port) for b in resp.brokers)
-                resp = dataclasses.replace(resp, brokers=brokers)
-            elif hasattr(resp, "host") and resp.port >= 0:
-                resp = dataclasses.replace(resp, host=self.host, port=self.port)
+            resp = transform(resp)
             buf = io.BytesIO()
             entity_writer(header_t)(buf, header)
             entity_writer(resp_t)(buf, resp)
@@ -221,7 +244,12 @@ class FaultProxy:
                 if delay:
                     await asyncio.sleep(delay)
                 if self.rewrite_addresses and api_key in (API_METADATA, API_FIND_COORDINATOR):
-                    body = self._rewrite(api_key, version, body)
+                    body = self._rewrite(api_key, version, body, functools.partial(self._point_at_proxy, api_key))
+                    head = struct.pack(">i", len(body))
+                with self._lock:
+                    transform = self._transforms.get(api_key)
+                if transform is not None:
+                    body = self._rewrite(api_key, version, body, transform)
                     head = struct.pack(">i", len(body))
                 client_w.write(head + body)
                 await client_w.drain()
@@ -229,8 +257,12 @@ class FaultProxy:
         tasks = [asyncio.ensure_future(upstream()), asyncio.ensure_future(downstream())]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            pass  # the proxy is stopping; ending normally keeps asyncio's stream callback quiet
         finally:
             for t in tasks:
+                if t.done() and not t.cancelled():
+                    t.exception()  # a closed connection ends the other direction: expected, not logged
                 t.cancel()
             for w in (client_w, broker_w):
                 self._writers.discard(w)

@@ -9,27 +9,34 @@ from oncelog.verify.checker import KINDS, Report
 from oncelog.verify.history import History
 
 COLORS = {"committed": "#2a9d8f", "aborted": "#e9c46a", "unknown": "#9aa0a6"}
+EXAMPLES = 5  # anomalies printed per kind; the HTML report lists the first 500
 FAULT_COLORS = {"drop": "#e76f51", "reset": "#d62828", "delay": "#f4a261", "zombie": "#6a4c93",
                 "crash": "#8338ec", "broker-kill": "#000000", "broker-pause": "#555555"}
 
 
 def print_table(report: Report, title: str) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=title)
+    t = Table(title=escape(title))
     t.add_column("anomaly")
     t.add_column("count", justify="right")
     for kind, n in report.counts().items():
         t.add_row(kind, f"[red]{n}[/red]" if n else "0")
-    console = Console()
+    console = Console(soft_wrap=True)  # one anomaly per line, whatever the terminal width
     console.print(t)
-    stats = ", ".join(f"{k} {v}" for k, v in report.stats.items())
-    console.print(stats)
-    for a in report.anomalies[:20]:
-        console.print(f"[red]{a.kind}[/red]: {a.detail}")
-    if len(report.anomalies) > 20:
-        console.print(f"... and {len(report.anomalies) - 20} more")
+    console.print(escape(", ".join(f"{k} {v}" for k, v in report.stats.items())), highlight=False)
+    for note in report.notes:
+        console.print(f"note: {escape(note)}", highlight=False)
+    shown: dict[str, int] = {}
+    for a in report.anomalies:  # a few of every kind, so that no kind hides behind another
+        shown[a.kind] = shown.get(a.kind, 0) + 1
+        if shown[a.kind] <= EXAMPLES:
+            console.print(f"[red]{escape(a.kind)}[/red]: {escape(a.detail)}", highlight=False)
+    for kind, n in shown.items():
+        if n > EXAMPLES:
+            console.print(f"... and {n - EXAMPLES} more {escape(kind)}", highlight=False)
 
 
 def write_html(path: Path, history: History, report: Report, title: str) -> None:
@@ -68,7 +75,8 @@ def write_html(path: Path, history: History, report: Report, title: str) -> None
 <style>body{{font-family:sans-serif;margin:2em}}td{{padding:2px 10px;border-bottom:1px solid #ddd}}</style></head>
 <body><h1>{html.escape(title)}</h1>
 <p>{"no anomaly found" if report.ok else f"{len(report.anomalies)} anomalies"}; checked: {", ".join(KINDS)}.</p>
-<table>{rows}</table><p>{html.escape(str(report.stats))}</p>
+<table>{rows}</table><p>{html.escape(", ".join(f"{k} {v}" for k, v in report.stats.items()))}</p>
+<ul>{"".join(f"<li>{html.escape(n)}</li>" for n in report.notes)}</ul>
 <h2>Timeline</h2><p>transactions: <span style="color:{COLORS['committed']}">committed</span>,
 <span style="color:{COLORS['aborted']}">aborted</span>, <span style="color:{COLORS['unknown']}">unknown</span>;
 dots are polls; faults: {legend}</p>{"".join(parts)}

@@ -1,38 +1,49 @@
 """The verify workload: real clients (confluent-kafka) against any Kafka broker, under faults.
 
-Transactional producers send unique values in transactions of 1-4 sends, commit most and abort some
-on purpose; read_committed consumers (manual assignment and a consumer group) poll concurrently; a
-final reader reads every partition to its end. Every operation lands in a ``History``.
+Producers, consume-transform-produce copiers and read-only consumers (``roles.py``) run as threads in
+several worker processes (multiprocessing, spawn); this process runs the fault proxy, the fault
+schedule and, at the end, the drain and the final read. Phases:
 
-Faults (chosen from ``faults``, scheduled by a seeded RNG): ``drop`` (the proxy drops responses to
-Produce/EndTxn/AddPartitionsToTxn after the broker processed them), ``reset`` (connections reset),
-``delay`` (responses delayed), ``zombie`` (a second producer with the same transactional id fences the
-first mid-transaction; the old one then tries to commit), ``crash`` (a producer is abandoned
-mid-transaction and replaced), ``broker-kill`` / ``broker-pause`` (SIGKILL + restart / SIGSTOP of the
-broker process, only when verify started it).
+1. for ``duration_s``: every role runs; faults are injected by a seeded schedule;
+2. faults stop, the producers finish their current transaction and stop;
+3. drain: the copiers run until their group's committed offsets have passed every record
+   (a read_committed read from the committed offsets to the end finds nothing), or ``drain_s``;
+4. copiers and readers stop; a final reader reads every partition to its end (the LSO);
+5. the roles' files are merged into one ``History``.
+
+Faults (chosen from ``faults``): ``drop`` (the proxy drops responses to Produce/EndTxn/
+AddPartitionsToTxn after the broker processed them), ``reset`` (connections reset), ``delay``
+(responses delayed), ``zombie`` (a second instance with the same transactional id fences a producer
+or copier mid-transaction; the old one then sends and tries to commit), ``crash`` (a producer or
+copier is abandoned mid-transaction and replaced), ``broker-kill`` / ``broker-pause`` (SIGKILL +
+restart / SIGSTOP of the broker process, only when verify started it).
 """
 
 from __future__ import annotations
 
+import json
+import multiprocessing as mp
+import os
 import random
+import shutil
+import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from multiprocessing.process import BaseProcess
+from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from oncelog.verify.history import Fault, History, Poll, Send, Txn
+from oncelog.verify.history import Fault, History, HistoryError, Poll, parse_line
 from oncelog.verify.proxy import API_ADD_PARTITIONS_TO_TXN, API_END_TXN, API_PRODUCE, FaultProxy
+from oncelog.verify.roles import Controls, RoleSpec, RunSpec, _record, client_conf, worker_main
 
 ALL_FAULTS = ("drop", "reset", "delay", "zombie", "crash", "broker-kill", "broker-pause")
 PARTITIONS = 3
-
-
-def _record(m: Any) -> tuple[int, int, str]:
-    return int(m.partition()), int(m.offset()), (m.value() or b"").decode()
 
 
 class WorkloadError(Exception):
@@ -53,12 +64,29 @@ class Clock:
         return int((time.monotonic() - self.t0) * 1000)
 
 
+def plan_processes(roles: list[RoleSpec], processes: int) -> list[list[RoleSpec]]:
+    """Spread the roles over ``processes`` workers, interleaving kinds so each worker has a mix."""
+    by_kind: dict[str, list[RoleSpec]] = {}
+    for r in roles:
+        by_kind.setdefault(r.kind, []).append(r)
+    interleaved: list[RoleSpec] = []
+    while any(by_kind.values()):
+        for kind in list(by_kind):
+            if by_kind[kind]:
+                interleaved.append(by_kind[kind].pop(0))
+    n = max(1, min(processes, len(interleaved)))
+    size = -(-len(interleaved) // n)
+    return [interleaved[i:i + size] for i in range(0, len(interleaved), size)]
+
+
 class Workload:
     def __init__(self, bootstrap: str, *, duration_s: float, seed: int, faults: set[str], txn: bool = True,
                  proxy: FaultProxy | None = None, broker: BrokerControl | None = None,
-                 producers: int = 2, consumers: int = 2,
+                 producers: int = 3, copiers: int = 2, consumers: int = 2, processes: int = 3,
+                 drain_s: float = 90.0, display_bootstrap: str | None = None,
                  progress: Callable[[str], None] | None = None) -> None:
         self.bootstrap = bootstrap
+        self.display_bootstrap = display_bootstrap or bootstrap
         self.duration_s = duration_s
         self.rng = random.Random(seed)
         self.seed = seed
@@ -66,262 +94,261 @@ class Workload:
         self.txn = txn
         self.proxy = proxy
         self.broker = broker
-        self.n_producers = producers
-        self.n_consumers = consumers
+        self.roles = ([RoleSpec("producer", i) for i in range(producers)] +
+                      [RoleSpec("copier", i) for i in range(copiers if txn else 0)] +
+                      [RoleSpec("reader", i) for i in range(consumers)])
+        self.processes = processes
+        self.drain_s = drain_s
+        self.stall_s = min(drain_s, 30.0)  # a transaction left open times out within 10 s (+ a scan)
         self.progress = progress or (lambda _s: None)
-        self.history = History(meta={"seed": seed, "faults": sorted(faults), "duration_s": duration_s})
+        stamp = int(time.time() * 1000)
+        self.topic = f"verify-{seed}-{stamp}"
+        self.prefix = f"verify-{seed}-{stamp}"
+        self.history = History(meta={"seed": seed, "faults": sorted(faults), "duration_s": duration_s,
+                                     "topic": self.topic, "roles": [r.name for r in self.roles],
+                                     "processes": 0})
         self.clock = Clock()
-        self.topic = f"verify-{seed}-{int(time.time())}"
         self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.zombie_requests: set[int] = set()
-        self.crash_requests: set[int] = set()
+        self.fault_errors: list[str] = []
 
     # --- setup -----------------------------------------------------------------------------------
     def _create_topic(self) -> None:
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        admin = AdminClient(client_conf(self.bootstrap))
         try:
             # Fail fast (exit 2) on an unreachable broker instead of waiting out the create timeout;
             # a broker started by --broker-cmd is already listening when we get here.
             admin.list_topics(timeout=8)
         except Exception as exc:
-            raise WorkloadError(f"cannot reach the broker at {self.bootstrap}: {exc}") from exc
+            raise WorkloadError(f"cannot reach the broker at {self.display_bootstrap}: {_kafka_text(exc)}") from exc
         try:
             admin.create_topics([NewTopic(self.topic, PARTITIONS, 1)])[self.topic].result(timeout=30)
-        except KafkaException as exc:
-            raise WorkloadError(f"cannot create topic {self.topic}: {exc.args[0].str()}") from exc
         except Exception as exc:
-            raise WorkloadError(f"cannot reach the broker at {self.bootstrap}: {exc}") from exc
-
-    def _producer(self, index: int) -> Producer:
-        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap, "linger.ms": 2, "log_level": 0,
-                                "message.timeout.ms": 10000, "request.timeout.ms": 5000,
-                                "socket.timeout.ms": 5000}
-        if self.txn:
-            conf.update({"transactional.id": f"verify-{self.seed}-{index}", "transaction.timeout.ms": 10000})
-        else:
-            conf.update({"enable.idempotence": True, "acks": "all"})
-        p = Producer(conf)
-        if self.txn:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    p.init_transactions(20)
-                    break
-                except KafkaException as exc:
-                    if not exc.args[0].retriable() or time.monotonic() > deadline:
-                        raise
-        return p
-
-    # --- producers -------------------------------------------------------------------------------
-    def _produce_loop(self, index: int) -> None:
-        rng = random.Random(self.seed * 1000 + index)
-        name = f"p{index}"
-        producer = self._producer(index)
-        txn_no = 0
-        while not self.stop.is_set():
-            txn_no += 1
-            values = [f"{name}-{txn_no}-{j}" for j in range(rng.randint(1, 4))]
-            sends = [Send(name, txn_no if self.txn else -1, v, rng.randrange(PARTITIONS), time_ms=self.clock.ms())
-                     for v in values]
-
-            def reporter(s: Send) -> Callable[[Any, Any], None]:
-                def report(err: Any, msg: Any) -> None:
-                    if err is None:
-                        s.acked, s.offset = True, msg.offset()
-                return report
-
-            try:
-                if self.txn:
-                    producer.begin_transaction()
-                for s in sends:
-                    producer.produce(self.topic, s.value.encode(), key=str(s.partition).encode(),
-                                     partition=s.partition, on_delivery=reporter(s))
-                producer.flush(20)
-            except (KafkaException, BufferError):
-                pass
-            with self.lock:
-                self.history.sends.extend(sends)
-            if not self.txn:
-                continue
-            with self.lock:
-                zombie = index in self.zombie_requests
-                crash = index in self.crash_requests
-                self.zombie_requests.discard(index)
-                self.crash_requests.discard(index)
-            if zombie or crash:
-                successor = self._producer(index)  # fences this one and aborts its transaction
-                start = self.clock.ms()
-                if zombie:
-                    try:
-                        producer.commit_transaction(10)
-                        outcome = "committed"  # the broker let a fenced producer commit: checker will see it
-                    except KafkaException:
-                        outcome = "aborted"
-                else:
-                    outcome = "aborted"
-                self._record_txn(name, txn_no, outcome, start, values)
-                self._fault("zombie" if zombie else "crash", start, self.clock.ms(), f"{name} txn {txn_no}")
-                producer = successor
-                continue
-            start = self.clock.ms()
-            outcome = self._finish(producer, rng.random() < 0.15)
-            if outcome == "fatal":
-                producer = self._producer(index)
-                outcome = "unknown"
-            self._record_txn(name, txn_no, outcome, start, values)
-
-    def _finish(self, producer: Producer, abort: bool) -> str:
-        for _attempt in range(5):
-            try:
-                if abort:
-                    producer.abort_transaction(20)
-                    return "aborted"
-                producer.commit_transaction(20)
-                return "committed"
-            except KafkaException as exc:
-                err = exc.args[0]
-                if err.fatal():
-                    return "fatal"
-                if err.txn_requires_abort():
-                    abort = True
-                    continue
-                if not err.retriable():
-                    return "unknown"
-        return "unknown"
-
-    def _record_txn(self, name: str, txn_no: int, outcome: str, start: int, values: list[str]) -> None:
-        with self.lock:
-            self.history.txns.append(Txn(name, txn_no, outcome, start, self.clock.ms(), values))
-
-    def _fault(self, kind: str, start: int, end: int, detail: str = "") -> None:
-        with self.lock:
-            self.history.faults.append(Fault(kind, start, end, detail))
-
-    # --- consumers -------------------------------------------------------------------------------
-    def _consume_loop(self, index: int) -> None:
-        group = index % 2 == 1
-        generation = [0]
-        conf = {"bootstrap.servers": self.bootstrap, "group.id": f"verify-{self.seed}-g{index}",
-                "isolation.level": "read_committed", "enable.auto.commit": group, "auto.offset.reset": "earliest",
-                "log_level": 0, "session.timeout.ms": 10000}
-        c = Consumer(conf)
-
-        def on_assign(consumer: Any, partitions: Any) -> None:
-            generation[0] += 1
-
-        if group:
-            c.subscribe([self.topic], on_assign=on_assign)
-        else:
-            c.assign([TopicPartition(self.topic, p, 0) for p in range(PARTITIONS)])
-        while not self.stop.is_set():
-            try:
-                msgs = c.consume(100, 0.2)
-            except KafkaException:
-                continue
-            records = [_record(m) for m in msgs if m.error() is None]
-            if records:
-                with self.lock:
-                    self.history.polls.append(Poll(f"c{index}-g{generation[0]}", self.clock.ms(), records))
-        c.close()
-
-    def _final_read(self) -> None:
-        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"verify-{self.seed}-final",
-                      "isolation.level": "read_committed", "enable.auto.commit": False, "log_level": 0})
-        ends = {}
-        deadline = time.monotonic() + 60
-        for p in range(PARTITIONS):
-            while True:
-                try:
-                    ends[p] = c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1]
-                    break
-                except KafkaException:
-                    if time.monotonic() > deadline:
-                        raise WorkloadError("cannot read the end offsets for the final read") from None
-        c.assign([TopicPartition(self.topic, p, 0) for p in range(PARTITIONS)])
-        records = []
-        done = {p for p, end in ends.items() if end == 0}
-        while len(done) < PARTITIONS and time.monotonic() < deadline:
-            for m in c.consume(500, 0.5):
-                if m.error() is None:
-                    records.append(_record(m))
-            for p in range(PARTITIONS):
-                pos = c.position([TopicPartition(self.topic, p)])[0].offset
-                if pos >= ends[p]:
-                    done.add(p)
-        c.close()
-        if len(done) < PARTITIONS:
-            raise WorkloadError("the final read did not reach the end of every partition")
-        with self.lock:
-            self.history.polls.append(Poll("final", self.clock.ms(), records, final=True))
+            raise WorkloadError(f"cannot create topic {self.topic} on {self.display_bootstrap}: "
+                                f"{_kafka_text(exc)}") from exc
 
     # --- faults ----------------------------------------------------------------------------------
-    def _fault_loop(self) -> None:
-        kinds = [f for f in self.faults if f in ALL_FAULTS]
+    def _fault(self, kind: str, start: int, end: int, detail: str = "") -> None:
+        self.history.faults.append(Fault(kind, start, end, detail))
+
+    def _fault_loop(self, controls: Controls) -> None:
+        kinds = sorted(f for f in self.faults if f in ALL_FAULTS)
+        targets = [r.name for r in self.roles if r.transactional]
         if not kinds:
             return
         while not self.stop.wait(self.rng.uniform(0.8, 2.0)):
             kind = self.rng.choice(kinds)
             start = self.clock.ms()
-            if kind == "drop" and self.proxy is not None:
-                api = self.rng.choice([API_PRODUCE, API_PRODUCE, API_END_TXN, API_ADD_PARTITIONS_TO_TXN])
-                self.proxy.drop_responses(api, 2, probability=0.7)
-                self._fault("drop", start, start + 500, f"api {api}")
-            elif kind == "reset" and self.proxy is not None:
-                self.proxy.reset_connections()
-                self._fault("reset", start, start + 50)
-            elif kind == "delay" and self.proxy is not None:
-                self.proxy.set_delay_ms(150)
-                time.sleep(0.8)
-                self.proxy.set_delay_ms(0)
-                self._fault("delay", start, self.clock.ms(), "150 ms")
-            elif kind == "zombie" and self.txn:
-                with self.lock:
-                    self.zombie_requests.add(self.rng.randrange(self.n_producers))
-            elif kind == "crash" and self.txn:
-                with self.lock:
-                    self.crash_requests.add(self.rng.randrange(self.n_producers))
-            elif kind == "broker-kill" and self.broker is not None:
-                self.broker.kill_and_restart()
-                self._fault("broker-kill", start, self.clock.ms(), "SIGKILL + restart")
-            elif kind == "broker-pause" and self.broker is not None:
-                self.broker.pause(1.0)
-                self._fault("broker-pause", start, self.clock.ms(), "SIGSTOP 1 s")
+            try:
+                self._inject(kind, start, controls, targets)
+            except Exception as exc:  # a fault that cannot be injected makes the run incomplete
+                self.fault_errors.append(f"fault {kind}: {exc}")
+                return
+
+    def _inject(self, kind: str, start: int, controls: Controls, targets: list[str]) -> None:
+        if kind == "drop" and self.proxy is not None:
+            api = self.rng.choice([API_PRODUCE, API_PRODUCE, API_END_TXN, API_ADD_PARTITIONS_TO_TXN])
+            self.proxy.drop_responses(api, 2, probability=0.7)
+            self._fault("drop", start, start + 500, f"api {api}")
+        elif kind == "reset" and self.proxy is not None:
+            self.proxy.reset_connections()
+            self._fault("reset", start, start + 50)
+        elif kind == "delay" and self.proxy is not None:
+            self.proxy.set_delay_ms(150)
+            time.sleep(0.8)
+            self.proxy.set_delay_ms(0)
+            self._fault("delay", start, self.clock.ms(), "150 ms")
+        elif kind in ("zombie", "crash") and self.txn and targets:
+            controls.commands[self.rng.choice(targets)].put(kind)  # the role records the fault
+        elif kind == "broker-kill" and self.broker is not None:
+            self.broker.kill_and_restart()
+            self._fault("broker-kill", start, self.clock.ms(), "SIGKILL + restart")
+        elif kind == "broker-pause" and self.broker is not None:
+            self.broker.pause(1.0)
+            self._fault("broker-pause", start, self.clock.ms(), "SIGSTOP 1 s")
+
+    # --- end of run ------------------------------------------------------------------------------
+    def _consumer(self, group: str) -> Consumer:
+        return Consumer(client_conf(self.bootstrap, **{"group.id": group, "isolation.level": "read_committed",
+                                                       "enable.auto.commit": False}))
+
+    def _read_range(self, start: dict[int, int], deadline_s: float, label: str) -> list[tuple[int, int, str]]:
+        """Read every partition from ``start`` (-1: the beginning) to its end (the LSO) at read_committed."""
+        c = self._consumer(f"{self.prefix}-{label}")
+        try:
+            deadline = time.monotonic() + deadline_s
+            ends: dict[int, int] = {}
+            for p in range(PARTITIONS):
+                while True:
+                    try:
+                        ends[p] = int(c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1])
+                        break
+                    except KafkaException:
+                        if time.monotonic() > deadline:
+                            raise WorkloadError(f"{label}: cannot read the end offsets") from None
+            c.assign([TopicPartition(self.topic, p, start.get(p, -1) if start.get(p, -1) >= 0 else 0)
+                      for p in range(PARTITIONS)])
+            records: list[tuple[int, int, str]] = []
+            done = {p for p, end in ends.items() if end <= max(start.get(p, 0), 0)}
+            while len(done) < PARTITIONS and time.monotonic() < deadline:
+                for m in c.consume(500, 0.5):
+                    if m.error() is None:
+                        records.append(_record(m))
+                for p in range(PARTITIONS):
+                    pos = c.position([TopicPartition(self.topic, p)])[0].offset
+                    if pos >= ends[p]:
+                        done.add(p)
+            if len(done) < PARTITIONS:
+                raise WorkloadError(f"{label}: the read did not reach the end of every partition "
+                                    f"(ends {ends}, reached {sorted(done)})")
+            return records
+        finally:
+            c.close()
+
+    def _drain(self, spec: RunSpec) -> None:
+        """Let the copiers catch up: done when a read from the group's committed offsets finds nothing."""
+        deadline = time.monotonic() + self.drain_s
+        probe = self._consumer(spec.copier_group)
+        detail = "no attempt"
+        previous: dict[int, int] = {}
+        moved = time.monotonic()
+        try:
+            while True:
+                try:
+                    got = probe.committed([TopicPartition(self.topic, p) for p in range(PARTITIONS)], timeout=10)
+                    committed = {int(tp.partition): int(tp.offset) for tp in got}
+                    if committed != previous:
+                        previous, moved = committed, time.monotonic()
+                    left = self._read_range(committed, 20, "tail")
+                    if not left:
+                        self.history.meta["drained"] = True
+                        return
+                    first = min(left, key=lambda r: r[1])
+                    detail = (f"{len(left)} records after the copier group's committed offsets {committed}, "
+                              f"e.g. {first[2]} at {first[0]}/{first[1]}")
+                except (KafkaException, WorkloadError) as exc:
+                    detail = f"cannot read the copier group's progress: {_kafka_text(exc)}"
+                now = time.monotonic()
+                if now > deadline or now - moved > self.stall_s:
+                    why = (f"within {self.drain_s:.0f} s" if now > deadline
+                           else f"(its committed offsets did not move for {self.stall_s:.0f} s)")
+                    self.history.meta["drained"] = False
+                    self.history.meta["drain_detail"] = (f"the copier group did not catch up {why} after the "
+                                                         f"producers stopped: {detail}")
+                    return
+                self.progress(f"draining the copiers: {detail}")
+                time.sleep(1)
+        finally:
+            probe.close()
+
+    def _merge(self, out_dir: Path) -> None:
+        for role in self.roles:
+            path = out_dir / f"{role.name}.jsonl"
+            if not path.exists():
+                continue
+            lines = path.read_text().splitlines()
+            for n, line in enumerate(lines, 1):
+                try:
+                    kind, item = parse_line(json.loads(line))
+                except (ValueError, TypeError, KeyError) as exc:
+                    if n == len(lines):
+                        continue  # a worker terminated mid-line
+                    raise HistoryError(f"{path}, line {n}: {exc}") from exc
+                if kind is not None and kind != "meta":
+                    self.history.add(kind, item)
 
     # --- run -------------------------------------------------------------------------------------
     def run(self) -> History:
         self._create_topic()
-        errors: list[BaseException] = []
-
-        def guard(fn: Callable[..., None], *args: Any) -> Callable[[], None]:
-            def run() -> None:
-                try:
-                    fn(*args)
-                except BaseException as exc:
-                    errors.append(exc)
-            return run
-
-        threads = [threading.Thread(target=guard(self._produce_loop, i), daemon=True) for i in range(self.n_producers)]
-        threads += [threading.Thread(target=guard(self._consume_loop, i), daemon=True) for i in range(self.n_consumers)]
-        fault_thread = threading.Thread(target=guard(self._fault_loop), daemon=True)
-        for t in threads:
-            t.start()
-        fault_thread.start()
-        end = time.monotonic() + self.duration_s
-        while time.monotonic() < end:
-            time.sleep(0.5)
-            self.progress(f"{len(self.history.txns)} transactions, {len(self.history.polls)} polls, "
-                          f"{len(self.history.faults)} faults")
-        self.stop.set()
-        fault_thread.join(30)
-        if self.proxy is not None:
-            self.proxy.clear()
-        for t in threads:
-            t.join(60)
-        if errors and not self.history.txns:
-            raise WorkloadError(f"the workload failed: {errors[0]!r}")
+        out_dir = Path(tempfile.mkdtemp(prefix="oncelog-verify-"))
+        ctx = mp.get_context("spawn")
+        controls = Controls(stop_writes=ctx.Event(), stop_all=ctx.Event(),
+                            commands={r.name: ctx.Queue() for r in self.roles if r.transactional},
+                            done={r.name: ctx.Event() for r in self.roles}, counters=ctx.Array("q", 3))
+        spec = RunSpec(self.bootstrap, self.topic, self.seed, self.txn, self.clock.t0, str(out_dir), self.prefix,
+                       PARTITIONS)
+        plan = plan_processes(self.roles, self.processes)
+        self.history.meta["processes"] = len(plan)
+        self.history.meta["copier_group"] = spec.copier_group if any(r.kind == "copier" for r in self.roles) else ""
+        workers = [ctx.Process(target=worker_main, args=(spec, roles, controls), daemon=True,
+                               name="verify-" + "+".join(r.name for r in roles)) for roles in plan]
+        try:
+            for w in workers:
+                w.start()
+            fault_thread = threading.Thread(target=self._fault_loop, args=(controls,), daemon=True)
+            fault_thread.start()
+            end = time.monotonic() + self.duration_s
+            while time.monotonic() < end:
+                time.sleep(0.5)
+                self.progress(self._status(controls))
+                if all(controls.done[r.name].is_set() for r in self.roles if r.kind == "producer"):
+                    break  # every producer died: nothing more will happen
+            self.stop.set()
+            fault_thread.join(60)
+            if self.proxy is not None:
+                self.proxy.clear()
+            controls.stop_writes.set()
+            self.progress("waiting for the producers' last transactions")
+            for r in self.roles:
+                if r.kind == "producer":
+                    controls.done[r.name].wait(120)
+            if any(r.kind == "copier" for r in self.roles):
+                self._drain(spec)
+            controls.stop_all.set()
+            for w in workers:
+                w.join(90)
+            for w, roles in zip(workers, plan, strict=True):
+                if w.is_alive():
+                    self.fault_errors.append(f"worker {w.name} did not stop and was terminated; "
+                                             f"{_stuck_in(w, out_dir / f'{roles[0].name}.stack')}")
+                    w.terminate()
+                    w.join(10)
+                elif w.exitcode not in (0, None):
+                    self.fault_errors.append(f"worker {w.name} exited with {w.exitcode}")
+            self._merge(out_dir)
+        finally:
+            controls.stop_writes.set()
+            controls.stop_all.set()
+            for w in workers:
+                if w.is_alive():
+                    w.terminate()
+            shutil.rmtree(out_dir, ignore_errors=True)
+        self.history.meta["errors"] = [f"{e.process}: {e.error}" for e in self.history.errors] + self.fault_errors
+        produced = [s for s in self.history.sends if not s.source]
+        if not produced:
+            why = "; ".join(self.history.meta["errors"][:3]) or "no client sent anything"
+            raise WorkloadError(f"the workload did not run: {why}")
         self.progress("final read of every partition")
-        self._final_read()
-        if not any(t.outcome == "committed" for t in self.history.txns) and self.txn:
+        records = self._read_range({}, 120 + len(self.history.sends) / 500, "final")
+        self.history.polls.append(Poll("final", self.clock.ms(), records, final=True))
+        if self.txn and not any(t.outcome == "committed" for t in self.history.txns):
             raise WorkloadError("no transaction committed: the broker does not support transactions?")
         return self.history
+
+    def _status(self, controls: Controls) -> str:
+        c = controls.counters
+        return (f"{c[0]} transactions ({c[2]} by copiers), {c[1]} polls, "
+                f"{len(self.history.faults)} broker/network faults")
+
+
+def _stuck_in(worker: BaseProcess, stack_file: Path) -> str:
+    """Where a hanging worker's role threads are (faulthandler dump on SIGUSR1): the innermost
+    frame of ours per thread."""
+    try:
+        os.kill(worker.pid or 0, signal.SIGUSR1)
+        time.sleep(1)
+        text = stack_file.read_text()
+    except OSError as exc:
+        return f"no stack: {exc}"
+    where = []
+    for block in text.split("\n\n"):
+        frames = [line.strip() for line in block.splitlines() if "oncelog" in line]
+        if frames:
+            where.append(frames[0])
+    return "stuck in " + " | ".join(where) if where else "no stack"
+
+
+def _kafka_text(exc: BaseException) -> str:
+    if isinstance(exc, KafkaException) and exc.args and hasattr(exc.args[0], "str"):
+        return str(exc.args[0].str())
+    return str(exc) or type(exc).__name__
+

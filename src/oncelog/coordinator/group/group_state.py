@@ -1,15 +1,20 @@
 """Group states, their allowed transitions (as data), members and groups.
 
 Invariants: ``generation_id`` only grows; ``leader_id`` is a member while members exist; a member is
-in ``members`` or in ``pending_members`` (waiting to rejoin with the id it was given), never both.
+in ``members`` or in ``pending_members`` (waiting to rejoin with the id it was given), never both;
+``static_members`` maps every ``group.instance.id`` of a member to that member's id, and nothing else
+(one live member per instance id: a newer one replaces, and so fences, the older).
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+from kio.schema.errors import ErrorCode
 
 
 class GroupState(Enum):
@@ -70,13 +75,29 @@ class GroupMetadata:
     static_members: dict[str, str] = field(default_factory=dict)  # group.instance.id -> member id
     rebalance_deadline_ms: int = 0
     initial_delay_until_ms: int = 0
-    state_timestamp_ms: int = 0
+    state_timestamp_ms: int = 0  # when it entered its state; -1: unknown (loaded from an older record)
 
     def transition_to(self, state: GroupState, now_ms: int) -> None:
         if self.state not in VALID_PREVIOUS[state]:
             raise IllegalGroupTransition(f"group {self.group_id}: {self.state.value} -> {state.value}")
         self.state = state
         self.state_timestamp_ms = now_ms
+
+    def validate_member(self, member_id: str, group_instance_id: str | None) -> ErrorCode:
+        """Kafka's validateMember: a known instance id must map to ``member_id`` (else the sender is
+        a replaced, fenced instance), an unknown one is an unknown member; then the member must exist."""
+        if group_instance_id:
+            current = self.static_members.get(group_instance_id)
+            if current is None:
+                return ErrorCode.unknown_member_id
+            if current != member_id:
+                return ErrorCode.fenced_instance_id
+        if member_id not in self.members:
+            return ErrorCode.unknown_member_id
+        return ErrorCode.none
+
+    def rebalance_timeout_ms(self) -> int:
+        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
 
     def select_protocol(self) -> str | None:
         """The first protocol of the leader's (or any member's) preference list every member supports."""
@@ -98,6 +119,48 @@ class GroupMetadata:
         names = {n for n, _ in protocols}
         return all(names & {n for n, _ in m.protocols} for m in self.members.values())
 
+    def subscribed_topics_known(self) -> set[str] | None:
+        """Kafka's computeSubscribedTopics: the topics the members subscribe to, or None when the
+        group does not know them (not a "consumer" group, no protocol chosen yet, or a member's
+        subscription does not parse)."""
+        if self.protocol_type != "consumer":
+            return None
+        if not self.members:
+            return set()
+        if self.protocol_name is None:
+            return None
+        topics: set[str] = set()
+        for m in self.members.values():
+            parsed = parse_subscription_topics(m.metadata_for(self.protocol_name))
+            if parsed is None:
+                return None
+            topics |= parsed
+        return topics
+
+    def is_subscribed_to(self, topic: str) -> bool:
+        """Kafka's isSubscribedToTopic: unknown subscriptions count as subscribed for consumer groups."""
+        known = self.subscribed_topics_known()
+        return topic in known if known is not None else self.protocol_type == "consumer"
+
+    def offset_expiration_base(self) -> Callable[[int], int] | None:
+        """Kafka's offsetExpirationCondition: given an offset's commit time, the time its retention
+        counts from; None when the group's offsets do not expire now.
+
+        A simple group (no protocol type) expires each offset by its commit time. An Empty group
+        expires them counting from when it became Empty (its commit times if that is unknown). A
+        Stable consumer group whose subscriptions are known expires, by commit time, offsets of
+        topics nobody subscribes to (KIP-496; the caller skips subscribed topics). Otherwise none.
+        """
+        if self.protocol_type is None:
+            return lambda committed_ms: committed_ms
+        if self.state is GroupState.EMPTY:
+            since = self.state_timestamp_ms
+            return lambda committed_ms: since if since >= 0 else committed_ms
+        if self.protocol_type == "consumer" and self.state is GroupState.STABLE \
+                and self.subscribed_topics_known() is not None:
+            return lambda committed_ms: committed_ms
+        return None
+
     def subscribed_topics(self) -> set[str]:
         topics: set[str] = set()
         if self.protocol_type != "consumer":
@@ -107,10 +170,9 @@ class GroupMetadata:
         return topics
 
 
-def decode_subscription_topics(data: bytes) -> set[str]:
-    """Topics of a ConsumerProtocolSubscription (version i16, then an array of i16-length strings)."""
-    import struct
-
+def parse_subscription_topics(data: bytes) -> set[str] | None:
+    """Topics of a ConsumerProtocolSubscription (version i16, then an array of i16-length strings,
+    the v0 prefix every version shares), or None if ``data`` is not one."""
     try:
         pos = 2
         (n,) = struct.unpack_from(">i", data, pos)
@@ -119,8 +181,15 @@ def decode_subscription_topics(data: bytes) -> set[str]:
         for _ in range(max(n, 0)):
             (length,) = struct.unpack_from(">h", data, pos)
             pos += 2
+            if length < 0 or pos + length > len(data):
+                return None
             topics.add(data[pos : pos + length].decode())
             pos += length
         return topics
     except (struct.error, UnicodeDecodeError):
-        return set()
+        return None
+
+
+def decode_subscription_topics(data: bytes) -> set[str]:
+    """Topics of a ConsumerProtocolSubscription; empty if it does not parse."""
+    return parse_subscription_topics(data) or set()

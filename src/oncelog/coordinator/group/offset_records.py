@@ -2,6 +2,11 @@
 
 Keys: ``\\x00\\x01`` + JSON [group, topic, partition] for an offset commit; ``\\x00\\x02`` + group id for
 the group's metadata. A None value is a tombstone.
+
+A group-metadata value is the group as a restart should load it: generation, protocol, leader,
+members with their static instance ids and assignments, and ``state_ts``, the time the group entered
+its state (an Empty group's offsets expire counting from it). Values written before ``state_ts``
+existed load with -1 ("unknown"); readers ignore fields they do not know.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ import base64
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from oncelog.coordinator.group.group_state import GroupMetadata, GroupState, MemberMetadata
 
 OFFSET_KEY = b"\x00\x01"
 GROUP_KEY = b"\x00\x02"
@@ -57,3 +64,47 @@ def decode(key: bytes, value: bytes | None) -> tuple[str, Any, Any]:
     if kind == GROUP_KEY:
         return "group", body.decode(), None if value is None else json.loads(value)
     raise ValueError(f"unknown __consumer_offsets key type {kind!r}")
+
+
+def group_value(g: GroupMetadata) -> bytes:
+    """The group-metadata record value of ``g`` (its durable image; in-flight rebalances are not in it)."""
+    value = {"v": 1, "protocol_type": g.protocol_type, "generation": g.generation_id,
+             "protocol": g.protocol_name, "leader": g.leader_id, "state_ts": g.state_timestamp_ms,
+             "members": [{"member_id": m.member_id, "instance_id": m.group_instance_id, "client_id": m.client_id,
+                          "client_host": m.client_host, "session_timeout_ms": m.session_timeout_ms,
+                          "rebalance_timeout_ms": m.rebalance_timeout_ms, "protocol_type": m.protocol_type,
+                          "protocols": [[n, b64(d)] for n, d in m.protocols],
+                          "assignment": b64(m.assignment)} for m in g.members.values()]}
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def group_from_value(group_id: str, payload: dict[str, Any]) -> GroupMetadata:
+    """The group a group-metadata value describes: Stable with its members, or Empty without."""
+    g = GroupMetadata(group_id, generation_id=payload["generation"], protocol_type=payload["protocol_type"],
+                      protocol_name=payload["protocol"], leader_id=payload["leader"],
+                      state_timestamp_ms=payload.get("state_ts", -1))
+    for md in payload["members"]:
+        m = MemberMetadata(md["member_id"], md["instance_id"], md["client_id"], md["client_host"],
+                           md["session_timeout_ms"], md["rebalance_timeout_ms"], md["protocol_type"],
+                           [(n, unb64(d)) for n, d in md["protocols"]], unb64(md["assignment"]))
+        g.members[m.member_id] = m
+        if m.group_instance_id:
+            g.static_members[m.group_instance_id] = m.member_id
+    g.state = GroupState.STABLE if g.members else GroupState.EMPTY
+    return g
+
+
+def with_member_replaced(value: bytes, old_member_id: str, new_member_id: str) -> bytes | None:
+    """The group-metadata value ``value`` with a static member's id replaced (assignment, instance
+    id and leadership kept), or None if ``old_member_id`` is not in it."""
+    payload = json.loads(value)
+    found = False
+    for md in payload["members"]:
+        if md["member_id"] == old_member_id:
+            md["member_id"] = new_member_id
+            found = True
+    if not found:
+        return None
+    if payload["leader"] == old_member_id:
+        payload["leader"] = new_member_id
+    return json.dumps(payload, separators=(",", ":")).encode()

@@ -8,9 +8,19 @@ from collections.abc import Callable
 from typing import Any
 
 from oncelog.protocol import versions as v
-from oncelog.server.handlers import admin, coordinator_lookup, fetch, group, list_offsets, metadata, produce, txn
-from oncelog.server.handlers import sasl as sasl
-from oncelog.server.handlers import scram_credentials as scram_credentials
+from oncelog.server.handlers import (
+    acls,
+    admin,
+    coordinator_lookup,
+    fetch,
+    group,
+    list_offsets,
+    metadata,
+    produce,
+    sasl,
+    scram_credentials,
+    txn,
+)
 
 Handler = Callable[[Any, Any], Any]
 
@@ -45,6 +55,9 @@ HANDLERS: dict[int, Handler] = {
     v.API_DESCRIBE_GROUPS: group.handle_describe_groups,
     v.API_DELETE_GROUPS: group.handle_delete_groups,
     v.API_OFFSET_DELETE: group.handle_offset_delete,
+    v.API_DESCRIBE_ACLS: acls.handle_describe_acls,
+    v.API_CREATE_ACLS: acls.handle_create_acls,
+    v.API_DELETE_ACLS: acls.handle_delete_acls,
     # Authentication and users (oncelog.security).
     v.API_SASL_HANDSHAKE: sasl.handle_sasl_handshake,
     v.API_SASL_AUTHENTICATE: sasl.handle_sasl_authenticate,

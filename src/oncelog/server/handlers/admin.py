@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request
+from oncelog.server.authz import Op, R, allowed, create_topic_allowed
 from oncelog.storage import errors as storage_errors
 
 if TYPE_CHECKING:
@@ -47,7 +48,9 @@ def handle_create_topics(broker: Broker, req: Request) -> dict[str, Any]:
                                  "num_partitions": -1, "replication_factor": -1, "configs": None}
         n = t.num_partitions if t.num_partitions != -1 else broker.config.num_partitions
         configs = {c.name: c.value for c in t.configs}
-        if t.name in seen:
+        if not create_topic_allowed(broker, req, t.name):
+            entry.update(error_code=ErrorCode.topic_authorization_failed)
+        elif t.name in seen:
             entry.update(error_code=ErrorCode.invalid_request, error_message="duplicate topic in request")
         elif t.assignments:
             bad = [a for a in t.assignments if list(a.broker_ids) != [broker.config.node_id]]
@@ -90,7 +93,9 @@ def handle_delete_topics(broker: Broker, req: Request) -> dict[str, Any]:
         entry: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": ErrorCode.none,
                                  "error_message": None}
         info = broker.logs.topics().get(name) if name else None
-        if name is None or info is None:
+        if name is not None and not allowed(broker, req, Op.DELETE, R.TOPIC, name):
+            entry["error_code"] = ErrorCode.topic_authorization_failed
+        elif name is None or info is None:
             entry["error_code"] = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
         elif info.is_internal:
             entry.update(error_code=ErrorCode.invalid_topic_exception,
@@ -111,7 +116,9 @@ def handle_create_partitions(broker: Broker, req: Request) -> dict[str, Any]:
     for t in body.topics:
         entry: dict[str, Any] = {"name": t.name, "error_code": ErrorCode.none, "error_message": None}
         info = broker.logs.topics().get(t.name)
-        if info is None:
+        if not allowed(broker, req, Op.ALTER, R.TOPIC, t.name):
+            entry["error_code"] = ErrorCode.topic_authorization_failed
+        elif info is None:
             entry["error_code"] = ErrorCode.unknown_topic_or_partition
         elif info.is_internal:
             entry.update(error_code=ErrorCode.invalid_topic_exception, error_message="internal topic")
@@ -153,7 +160,9 @@ def handle_describe_configs(broker: Broker, req: Request) -> dict[str, Any]:
                                  "configs": []}
         if r.resource_type == RESOURCE_TOPIC:
             info = broker.logs.topics().get(r.resource_name)
-            if info is None:
+            if not allowed(broker, req, Op.DESCRIBE_CONFIGS, R.TOPIC, r.resource_name):
+                entry["error_code"] = ErrorCode.topic_authorization_failed
+            elif info is None:
                 entry["error_code"] = ErrorCode.unknown_topic_or_partition
             else:
                 items = broker.logs.topic_configs(r.resource_name)
@@ -164,7 +173,9 @@ def handle_describe_configs(broker: Broker, req: Request) -> dict[str, Any]:
                     for name, (value, is_default) in sorted(items.items())
                     if keys is None or name in keys]
         elif r.resource_type == RESOURCE_BROKER:
-            if r.resource_name not in ("", str(broker.config.node_id)):
+            if not allowed(broker, req, Op.DESCRIBE_CONFIGS, R.CLUSTER):
+                entry["error_code"] = ErrorCode.cluster_authorization_failed
+            elif r.resource_name not in ("", str(broker.config.node_id)):
                 entry["error_code"] = ErrorCode.invalid_request
             else:
                 entry["configs"] = [

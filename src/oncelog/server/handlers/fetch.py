@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request, td_ms
+from oncelog.server.authz import Op, R, allowed
 from oncelog.storage import errors as storage_errors
 
 if TYPE_CHECKING:
@@ -30,8 +31,8 @@ def _partition_error(index: int, code: ErrorCode, plog: Any = None) -> dict[str,
             "aborted_transactions": None, "preferred_read_replica": -1, "records": b""}
 
 
-def read_fetch(broker: Broker, body: Any, isolation_level: int,
-               max_bytes: int) -> tuple[list[dict[str, Any]], int, bool]:
+def read_fetch(broker: Broker, body: Any, isolation_level: int, max_bytes: int,
+               denied: frozenset[str] = frozenset()) -> tuple[list[dict[str, Any]], int, bool]:
     """One pass over the requested partitions: (topics, bytes returned, any error)."""
     remaining = max_bytes
     total = 0
@@ -43,6 +44,10 @@ def read_fetch(broker: Broker, body: Any, isolation_level: int,
         parts = []
         for fp in ft.partitions:
             index = fp.partition
+            if topic in denied:
+                parts.append(_partition_error(index, ErrorCode.topic_authorization_failed))
+                errored = True
+                continue
             plog = logs.get_partition(topic, index)
             if plog is None:
                 parts.append(_partition_error(index, ErrorCode.unknown_topic_or_partition))
@@ -90,14 +95,15 @@ async def handle_fetch(broker: Broker, req: Request) -> dict[str, Any]:
     min_bytes = body.min_bytes
     deadline = time.monotonic() + max_wait_s
     partitions = [(ft.topic, fp.partition) for ft in body.topics for fp in ft.partitions]
+    denied = frozenset(ft.topic for ft in body.topics if not allowed(broker, req, Op.READ, R.TOPIC, ft.topic))
     while True:
-        topics_out, total, errored = read_fetch(broker, body, isolation_level, max_bytes)
+        topics_out, total, errored = read_fetch(broker, body, isolation_level, max_bytes, denied)
         remaining_s = deadline - time.monotonic()
         if total >= min_bytes or errored or remaining_s <= 0 or not partitions:
             break
         await broker.wait_for_append(partitions, remaining_s)
         if time.monotonic() >= deadline:
-            topics_out, total, errored = read_fetch(broker, body, isolation_level, max_bytes)
+            topics_out, total, errored = read_fetch(broker, body, isolation_level, max_bytes, denied)
             break
     throttle = broker.throttle(req, broker.fetch_quota, total)
     return {"throttle_time": throttle, "error_code": ErrorCode.none, "session_id": 0, "responses": topics_out}

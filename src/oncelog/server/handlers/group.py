@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from oncelog.coordinator.group.group_coordinator import JoinResult, SyncResult
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request, td_ms
+from oncelog.server.authz import Op, R, allowed, authorized_operations
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
@@ -29,6 +30,8 @@ def _join_body(r: JoinResult) -> dict[str, Any]:
 async def handle_join_group(broker: Broker, req: Request) -> dict[str, Any]:
     b = req.body
     c = broker.coordination
+    if not allowed(broker, req, Op.READ, R.GROUP, b.group_id):
+        return _join_body(JoinResult(ErrorCode.group_authorization_failed, member_id=b.member_id))
     fut: asyncio.Future[JoinResult] = asyncio.get_running_loop().create_future()
 
     def respond(result: JoinResult) -> None:
@@ -37,8 +40,9 @@ async def handle_join_group(broker: Broker, req: Request) -> dict[str, Any]:
 
     session = td_ms(b.session_timeout)
     rebalance = td_ms(getattr(b, "rebalance_timeout", b.session_timeout))
+    host = f"/{req.session.host}" if req.session is not None else "/127.0.0.1"
     c.groups.join_group(b.group_id, b.member_id, getattr(b, "group_instance_id", None), req.client_id or "",
-                        "/127.0.0.1", session, rebalance, b.protocol_type,
+                        host, session, rebalance, b.protocol_type,
                         [(p.name, p.metadata) for p in b.protocols], req.api_version >= 4, respond)
     c.flush_group_records()
     result = await fut
@@ -51,6 +55,9 @@ async def handle_join_group(broker: Broker, req: Request) -> dict[str, Any]:
 async def handle_sync_group(broker: Broker, req: Request) -> dict[str, Any]:
     b = req.body
     c = broker.coordination
+    if not allowed(broker, req, Op.READ, R.GROUP, b.group_id):
+        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed, "protocol_type": None,
+                "protocol_name": None, "assignment": b""}
     fut: asyncio.Future[SyncResult] = asyncio.get_running_loop().create_future()
 
     def respond(result: SyncResult) -> None:
@@ -68,6 +75,8 @@ async def handle_sync_group(broker: Broker, req: Request) -> dict[str, Any]:
 
 def handle_heartbeat(broker: Broker, req: Request) -> dict[str, Any]:
     b = req.body
+    if not allowed(broker, req, Op.READ, R.GROUP, b.group_id):
+        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed}
     code = broker.coordination.groups.heartbeat(b.group_id, b.generation_id, b.member_id,
                                                 getattr(b, "group_instance_id", None))
     return {"throttle_time": 0, "error_code": code}
@@ -76,6 +85,8 @@ def handle_heartbeat(broker: Broker, req: Request) -> dict[str, Any]:
 def handle_leave_group(broker: Broker, req: Request) -> dict[str, Any]:
     b = req.body
     c = broker.coordination
+    if not allowed(broker, req, Op.READ, R.GROUP, b.group_id):
+        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed, "members": []}
     members: list[tuple[str, str | None]] = (
         [(m.member_id, m.group_instance_id) for m in b.members] if hasattr(b, "members") else [(b.member_id, None)])
     top, results = c.groups.leave_group(b.group_id, members)
@@ -96,40 +107,95 @@ def _by_topic(errors: dict[tuple[str, int], ErrorCode]) -> list[dict[str, Any]]:
     return [{"name": t, "partitions": ps} for t, ps in out.items()]
 
 
+def _split_unknown(broker: Broker, offsets: list[tuple[str, int, int, int, str | None]]
+                   ) -> tuple[list[tuple[str, int, int, int, str | None]], dict[tuple[str, int], ErrorCode]]:
+    """Kafka's KafkaApis check before the coordinator: offsets for partitions that do not exist are
+    answered UNKNOWN_TOPIC_OR_PARTITION, and only the rest reach the (sans-IO) coordinator."""
+    known = [o for o in offsets if broker.logs.get_partition(o[0], o[1]) is not None]
+    unknown = {(o[0], o[1]): ErrorCode.unknown_topic_or_partition for o in offsets
+               if broker.logs.get_partition(o[0], o[1]) is None}
+    return known, unknown
+
+
+def _split_denied(broker: Broker, req: Request, offsets: list[tuple[str, int, int, int, str | None]]
+                  ) -> tuple[list[tuple[str, int, int, int, str | None]], dict[tuple[str, int], ErrorCode]]:
+    """Offsets of topics the principal may not READ are answered TOPIC_AUTHORIZATION_FAILED."""
+    may = {t: allowed(broker, req, Op.READ, R.TOPIC, t) for t in {o[0] for o in offsets}}
+    return ([o for o in offsets if may[o[0]]],
+            {(o[0], o[1]): ErrorCode.topic_authorization_failed for o in offsets if not may[o[0]]})
+
+
+def _in_request_order(offsets: list[tuple[str, int, int, int, str | None]],
+                      *results: dict[tuple[str, int], ErrorCode]) -> dict[tuple[str, int], ErrorCode]:
+    merged: dict[tuple[str, int], ErrorCode] = {}
+    for r in results:
+        merged.update(r)
+    return {(t, p): merged[(t, p)] for t, p, *_ in offsets}
+
+
 def handle_offset_commit(broker: Broker, req: Request) -> dict[str, Any]:
     b = req.body
     c = broker.coordination
-    result = c.groups.offset_commit(b.group_id, b.generation_id_or_member_epoch, b.member_id,
-                                    getattr(b, "group_instance_id", None), _offsets_in(b.topics))
-    if result.records:
-        c.apply_group_records(b.group_id, result.records)
-    return {"throttle_time": 0, "topics": _by_topic(result.errors)}
+    offsets = _offsets_in(b.topics)
+    if not allowed(broker, req, Op.READ, R.GROUP, b.group_id):
+        return {"throttle_time": 0, "topics": _by_topic(
+            {(t, p): ErrorCode.group_authorization_failed for t, p, *_ in offsets})}
+    readable, denied = _split_denied(broker, req, offsets)
+    known, errors = _split_unknown(broker, readable)
+    errors.update(denied)
+    if not known:
+        errors = _in_request_order(offsets, errors)
+    else:
+        result = c.groups.offset_commit(b.group_id, b.generation_id_or_member_epoch, b.member_id,
+                                        getattr(b, "group_instance_id", None), known)
+        if result.records:
+            c.apply_group_records(b.group_id, result.records)
+        errors = _in_request_order(offsets, errors, result.errors)
+    return {"throttle_time": 0, "topics": _by_topic(errors)}
 
 
 def handle_txn_offset_commit(broker: Broker, req: Request) -> dict[str, Any]:
     b = req.body
     c = broker.coordination
     offsets = _offsets_in(b.topics)
+    for ok, code in ((allowed(broker, req, Op.WRITE, R.TRANSACTIONAL_ID, b.transactional_id),
+                      ErrorCode.transactional_id_authorization_failed),
+                     (allowed(broker, req, Op.READ, R.GROUP, b.group_id), ErrorCode.group_authorization_failed)):
+        if not ok:
+            return {"throttle_time": 0, "topics": _by_topic({(t, p): code for t, p, *_ in offsets})}
+    readable, denied = _split_denied(broker, req, offsets)
+    known, unknown = _split_unknown(broker, readable)
+    unknown.update(denied)
+    if not known:
+        return {"throttle_time": 0, "topics": _by_topic(_in_request_order(offsets, unknown))}
     tp = c.offsets_partition_for(b.group_id)
     code = c.txn.is_partition_in_transaction(b.producer_id, b.producer_epoch, *tp)
     if code == ErrorCode.invalid_producer_epoch:
         code = ErrorCode.producer_fenced if req.api_version >= 3 else ErrorCode.invalid_producer_epoch
     if code != ErrorCode.none:
-        return {"throttle_time": 0, "topics": _by_topic({(t, p): code for t, p, *_ in offsets})}
+        return {"throttle_time": 0, "topics": _by_topic(
+            _in_request_order(offsets, unknown, {(t, p): code for t, p, *_ in known}))}
     result = c.groups.txn_offset_commit(b.group_id, b.producer_id, getattr(b, "generation_id", -1),
-                                        getattr(b, "member_id", ""), getattr(b, "group_instance_id", None), offsets)
+                                        getattr(b, "member_id", ""), getattr(b, "group_instance_id", None), known)
     if result.records:
         error = c.apply_txn_offset_records(b.group_id, b.producer_id, b.producer_epoch, result.records)
         if error != ErrorCode.none:
             result.errors = dict.fromkeys(result.errors, error)
-    return {"throttle_time": 0, "topics": _by_topic(result.errors)}
+    return {"throttle_time": 0, "topics": _by_topic(_in_request_order(offsets, unknown, result.errors))}
 
 
-def _fetch_group(broker: Broker, group_id: str, topics: Any, require_stable: bool) -> list[dict[str, Any]]:
+def _fetch_group(broker: Broker, req: Request, group_id: str, topics: Any,
+                 require_stable: bool) -> list[dict[str, Any]]:
+    """Committed offsets; topics the principal may not DESCRIBE are answered
+    TOPIC_AUTHORIZATION_FAILED when named and left out of an all-topics answer (Kafka's rule)."""
     wanted = None if topics is None else [(t.name, p) for t in topics for p in t.partition_indexes]
     found = broker.coordination.groups.offset_fetch(group_id, wanted, require_stable)
     out: dict[str, list[dict[str, Any]]] = {}
     for (topic, partition), (om, code) in found.items():
+        if not allowed(broker, req, Op.DESCRIBE, R.TOPIC, topic):
+            if wanted is None:
+                continue
+            om, code = None, ErrorCode.topic_authorization_failed
         out.setdefault(topic, []).append({
             "partition_index": partition, "committed_offset": om.offset if om else -1,
             "committed_leader_epoch": om.leader_epoch if om else -1, "metadata": om.metadata if om else "",
@@ -140,38 +206,64 @@ def _fetch_group(broker: Broker, group_id: str, topics: Any, require_stable: boo
 def handle_offset_fetch(broker: Broker, req: Request) -> dict[str, Any]:
     b = req.body
     require_stable = getattr(b, "require_stable", False)
+
+    def one(group_id: str, topics: Any) -> tuple[ErrorCode, list[dict[str, Any]]]:
+        if not allowed(broker, req, Op.DESCRIBE, R.GROUP, group_id):
+            return ErrorCode.group_authorization_failed, []
+        return ErrorCode.none, _fetch_group(broker, req, group_id, topics, require_stable)
+
     if hasattr(b, "groups"):
-        return {"throttle_time": 0, "groups": [
-            {"group_id": g.group_id, "error_code": ErrorCode.none,
-             "topics": _fetch_group(broker, g.group_id, g.topics, require_stable)} for g in b.groups]}
-    return {"throttle_time": 0, "error_code": ErrorCode.none,
-            "topics": _fetch_group(broker, b.group_id, b.topics, require_stable)}
+        groups = []
+        for g in b.groups:
+            code, topics = one(g.group_id, g.topics)
+            groups.append({"group_id": g.group_id, "error_code": code, "topics": topics})
+        return {"throttle_time": 0, "groups": groups}
+    code, topics = one(b.group_id, b.topics)
+    return {"throttle_time": 0, "error_code": code, "topics": topics}
 
 
 def handle_list_groups(broker: Broker, req: Request) -> dict[str, Any]:
     groups = broker.coordination.groups.list_groups(getattr(req.body, "states_filter", ()))
+    if not allowed(broker, req, Op.DESCRIBE, R.CLUSTER):
+        groups = [g for g in groups if allowed(broker, req, Op.DESCRIBE, R.GROUP, g[0])]
     return {"throttle_time": 0, "error_code": ErrorCode.none,
             "groups": [{"group_id": g, "protocol_type": pt, "group_state": st} for g, pt, st in groups]}
 
 
 def handle_describe_groups(broker: Broker, req: Request) -> dict[str, Any]:
-    return {"throttle_time": 0, "groups": [
-        {**broker.coordination.groups.describe_group(g), "authorized_operations": -2147483648}
-        for g in req.body.groups]}
+    want_ops = bool(getattr(req.body, "include_authorized_operations", False))
+    out = []
+    for g in req.body.groups:
+        if not allowed(broker, req, Op.DESCRIBE, R.GROUP, g):
+            out.append({"error_code": ErrorCode.group_authorization_failed, "group_id": g, "group_state": "",
+                        "protocol_type": "", "protocol_data": "", "members": [],
+                        "authorized_operations": -2147483648})
+            continue
+        out.append({**broker.coordination.groups.describe_group(g),
+                    "authorized_operations": authorized_operations(broker, req, R.GROUP, g, want_ops)})
+    return {"throttle_time": 0, "groups": out}
 
 
 def handle_delete_groups(broker: Broker, req: Request) -> dict[str, Any]:
     c = broker.coordination
-    errors, records = c.groups.delete_groups(req.body.groups_names)
+    names = list(req.body.groups_names)
+    may = [g for g in names if allowed(broker, req, Op.DELETE, R.GROUP, g)]
+    errors, records = c.groups.delete_groups(may)
     c.apply_records_by_group(records)
-    return {"throttle_time": 0, "results": [{"group_id": g, "error_code": e} for g, e in errors.items()]}
+    errors.update({g: ErrorCode.group_authorization_failed for g in names if g not in may})
+    return {"throttle_time": 0, "results": [{"group_id": g, "error_code": errors[g]} for g in names]}
 
 
 def handle_offset_delete(broker: Broker, req: Request) -> dict[str, Any]:
     b = req.body
     c = broker.coordination
+    if not allowed(broker, req, Op.DELETE, R.GROUP, b.group_id):
+        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed, "topics": []}
+    denied = {t.name for t in b.topics if not allowed(broker, req, Op.READ, R.TOPIC, t.name)}
     top, errors, records = c.groups.offset_delete(b.group_id, [(t.name, p.partition_index) for t in b.topics
-                                                              for p in t.partitions])
+                                                              for p in t.partitions if t.name not in denied])
+    errors.update({(t.name, p.partition_index): ErrorCode.topic_authorization_failed
+                   for t in b.topics if t.name in denied for p in t.partitions})
     if records:
         c.apply_group_records(b.group_id, records)
     return {"throttle_time": 0, "error_code": top, "topics": _by_topic(errors)}

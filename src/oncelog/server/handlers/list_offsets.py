@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request
+from oncelog.server.authz import Op, R, allowed
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
@@ -28,7 +29,9 @@ def handle_list_offsets(broker: Broker, req: Request) -> dict[str, Any]:
             plog = broker.logs.get_partition(t.name, p.partition_index)
             entry: dict[str, Any] = {"partition_index": p.partition_index, "error_code": ErrorCode.none,
                                      "timestamp": -1, "offset": -1, "leader_epoch": -1}
-            if plog is None:
+            if not allowed(broker, req, Op.DESCRIBE, R.TOPIC, t.name):
+                entry["error_code"] = ErrorCode.topic_authorization_failed
+            elif plog is None:
                 entry["error_code"] = ErrorCode.unknown_topic_or_partition
             elif p.timestamp == LATEST_TIMESTAMP:
                 entry["offset"] = (plog.last_stable_offset if isolation_level == READ_COMMITTED

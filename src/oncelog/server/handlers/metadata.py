@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request
+from oncelog.security.acl import CLUSTER_NAME
+from oncelog.server.authz import Op, R, allowed, authorized_operations, create_topic_allowed
 from oncelog.server.topics import ensure_topic, topic_error
 
 if TYPE_CHECKING:
@@ -26,25 +28,29 @@ def _broker_entry(broker: Broker) -> dict[str, Any]:
             "broker_id": broker.config.node_id}
 
 
-def topic_metadata(broker: Broker, name: str, info: Any) -> dict[str, Any]:
+def topic_metadata(broker: Broker, req: Request, name: str, info: Any) -> dict[str, Any]:
     node = broker.config.node_id
+    want_ops = bool(getattr(req.body, "include_topic_authorized_operations", False))
     return {
         "error_code": ErrorCode.none, "name": name, "topic_id": info.topic_id, "is_internal": info.is_internal,
         "partitions": [{"error_code": ErrorCode.none, "partition_index": p, "leader_id": node, "leader_epoch": -1,
                         "replica_nodes": [node], "isr_nodes": [node], "offline_replicas": []}
                        for p in range(info.num_partitions)],
-        "topic_authorized_operations": -2147483648,
+        "topic_authorized_operations": authorized_operations(broker, req, R.TOPIC, name, want_ops),
     }
 
 
 def handle_metadata(broker: Broker, req: Request) -> dict[str, Any]:
+    """Topics the principal may not DESCRIBE are left out of an all-topics answer and answered
+    TOPIC_AUTHORIZATION_FAILED when named; auto-creation needs CREATE (Kafka's rules)."""
     body = req.body
     requested = body.topics
     topics_out: list[dict[str, Any]] = []
     all_topics = broker.logs.topics()
     if requested is None or (req.api_version == 0 and len(requested) == 0):
         for name, info in sorted(all_topics.items()):
-            topics_out.append(topic_metadata(broker, name, info))
+            if allowed(broker, req, Op.DESCRIBE, R.TOPIC, name):
+                topics_out.append(topic_metadata(broker, req, name, info))
     else:
         allow_auto = getattr(body, "allow_auto_topic_creation", True)
         for t in requested:
@@ -55,28 +61,41 @@ def handle_metadata(broker: Broker, req: Request) -> dict[str, Any]:
                 if found is None:
                     topics_out.append({"error_code": ErrorCode.unknown_topic_id, "name": None,
                                        "topic_id": t.topic_id, "partitions": []})
+                elif not allowed(broker, req, Op.DESCRIBE, R.TOPIC, found[0]):
+                    topics_out.append({"error_code": ErrorCode.topic_authorization_failed, "name": None,
+                                       "topic_id": t.topic_id, "partitions": []})
                 else:
-                    topics_out.append(topic_metadata(broker, *found))
+                    topics_out.append(topic_metadata(broker, req, *found))
                 continue
-            info, err = ensure_topic(broker, name, auto_create=allow_auto)
+            if not allowed(broker, req, Op.DESCRIBE, R.TOPIC, name):
+                topics_out.append(topic_error(name, ErrorCode.topic_authorization_failed))
+                continue
+            info, err = ensure_topic(broker, name, auto_create=allow_auto and create_topic_allowed(broker, req, name))
             if info is None:
                 topics_out.append(topic_error(name, err))
             else:
-                topics_out.append(topic_metadata(broker, name, info))
+                topics_out.append(topic_metadata(broker, req, name, info))
+    want_cluster_ops = bool(getattr(body, "include_cluster_authorized_operations", False))
     return {
         "throttle_time": 0,
         "brokers": [_broker_entry(broker)],
         "cluster_id": broker.config.cluster_id,
         "controller_id": broker.config.node_id,
         "topics": topics_out,
-        "cluster_authorized_operations": -2147483648,
+        "cluster_authorized_operations": authorized_operations(broker, req, R.CLUSTER, CLUSTER_NAME,
+                                                               want_cluster_ops),
     }
 
 
 def handle_describe_cluster(broker: Broker, req: Request) -> dict[str, Any]:
+    if not allowed(broker, req, Op.DESCRIBE, R.CLUSTER):
+        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed, "error_message": None,
+                "endpoint_type": 1, "cluster_id": broker.config.cluster_id, "controller_id": -1, "brokers": [],
+                "cluster_authorized_operations": -2147483648}
+    want_ops = bool(getattr(req.body, "include_cluster_authorized_operations", False))
     return {
         "throttle_time": 0, "error_code": ErrorCode.none, "error_message": None,
         "endpoint_type": 1, "cluster_id": broker.config.cluster_id,
         "controller_id": broker.config.node_id, "brokers": [_broker_entry(broker)],
-        "cluster_authorized_operations": -2147483648,
+        "cluster_authorized_operations": authorized_operations(broker, req, R.CLUSTER, CLUSTER_NAME, want_ops),
     }

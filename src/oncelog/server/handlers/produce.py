@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from oncelog.protocol import records
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request
+from oncelog.server.authz import Op, R, allowed, create_topic_allowed, idempotent_write_allowed
 from oncelog.server.topics import ensure_topic
 from oncelog.storage import errors as storage_errors
 from oncelog.storage.fileio import StorageOfflineError
@@ -28,9 +29,11 @@ def _error(index: int, code: ErrorCode, message: str | None = None) -> dict[str,
             "log_start_offset": -1, "error_message": message}
 
 
-def produce_partition(broker: Broker, topic: str, partition: int, data: bytes | None,
+def produce_partition(broker: Broker, req: Request, topic: str, partition: int, data: bytes | None,
                       transactional_id: str | None) -> dict[str, Any]:
-    info, err = ensure_topic(broker, topic)
+    if not allowed(broker, req, Op.WRITE, R.TOPIC, topic):
+        return _error(partition, ErrorCode.topic_authorization_failed)
+    info, err = ensure_topic(broker, topic, auto_create=create_topic_allowed(broker, req, topic))
     if info is None:
         return _error(partition, err)
     if info.is_internal:
@@ -54,6 +57,8 @@ def produce_partition(broker: Broker, topic: str, partition: int, data: bytes | 
                       "a produce request (v3+) must contain exactly one record batch per partition")
     if first.is_transactional and transactional_id is None:
         return _error(partition, ErrorCode.invalid_request, "transactional batch without a transactional id")
+    if first.producer_id >= 0 and not first.is_transactional and not idempotent_write_allowed(broker, req):
+        return _error(partition, ErrorCode.cluster_authorization_failed)
     code = broker.check_produce(first.producer_id, first.producer_epoch, first.is_transactional, topic, partition)
     if code != ErrorCode.none:
         return _error(partition, code)
@@ -81,10 +86,18 @@ def handle_produce(broker: Broker, req: Request) -> dict[str, Any] | None:
     transactional_id = getattr(body, "transactional_id", None)
     responses = []
     valid_acks = body.acks in (-1, 0, 1)
+    txn_denied = transactional_id is not None and \
+        not allowed(broker, req, Op.WRITE, R.TRANSACTIONAL_ID, transactional_id)
     for topic_data in body.topic_data:
-        parts = [produce_partition(broker, topic_data.name, pd.index, pd.records, transactional_id) if valid_acks
-                 else _error(pd.index, ErrorCode.invalid_required_acks, f"acks must be -1, 0 or 1, not {body.acks}")
-                 for pd in topic_data.partition_data]
+        if txn_denied:
+            parts = [_error(pd.index, ErrorCode.transactional_id_authorization_failed)
+                     for pd in topic_data.partition_data]
+        elif valid_acks:
+            parts = [produce_partition(broker, req, topic_data.name, pd.index, pd.records, transactional_id)
+                     for pd in topic_data.partition_data]
+        else:
+            parts = [_error(pd.index, ErrorCode.invalid_required_acks, f"acks must be -1, 0 or 1, not {body.acks}")
+                     for pd in topic_data.partition_data]
         responses.append({"name": topic_data.name, "partition_responses": parts})
     nbytes = sum(len(pd.records or b"") for t in body.topic_data for pd in t.partition_data)
     throttle = broker.throttle(req, broker.produce_quota, nbytes)

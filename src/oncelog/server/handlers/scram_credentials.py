@@ -10,7 +10,7 @@ Beyond Kafka: an empty salt or a salted password that is not one hash long is UN
 (such a credential could never log in); and a user whose last credential is deleted loses its open
 connections at once (Kafka keeps them until a reauthentication that is off by default).
 
-Authorization: ``authorize_cluster_operation`` is the single seam; the authorizer replaces it.
+Authorization: ``authorize_cluster_operation`` is the single seam (ALTER or DESCRIBE on the Cluster).
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request
 from oncelog.security import scram
+from oncelog.security.acl import Operation, ResourceType
 from oncelog.security.credentials import validate_username
 from oncelog.security.scram import ScramCredential, ScramMechanism
+from oncelog.server import authz
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
@@ -38,10 +40,10 @@ DELETE_UNKNOWN = "Attempt to delete a user credential that does not exist"
 
 def authorize_cluster_operation(broker: Broker, req: Request, operation: str) -> bool:
     """May ``req.session.principal`` perform ``operation`` ("ALTER" or "DESCRIBE") on the Cluster
-    resource? Until an authorizer exists: yes, for whoever got this far (with SASL on, only an
-    authenticated principal does). Kafka checks ALTER on Cluster for AlterUserScramCredentials and
-    DESCRIBE on Cluster for DescribeUserScramCredentials; the authorizer replaces this function."""
-    return True
+    resource? Kafka checks ALTER on Cluster for AlterUserScramCredentials and DESCRIBE on Cluster for
+    DescribeUserScramCredentials. The single authorization seam of these two APIs: without an
+    authorizer anyone who got this far may (with SASL on, an authenticated principal)."""
+    return authz.allowed(broker, req, Operation[operation], ResourceType.CLUSTER)
 
 
 def handle_describe_user_scram_credentials(broker: Broker, req: Request) -> dict[str, Any]:

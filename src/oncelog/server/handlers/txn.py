@@ -12,14 +12,24 @@ from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request, td_ms
+from oncelog.server.authz import Op, R, allowed, idempotent_write_allowed
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
 
 
+def _denied(code: ErrorCode, **extra: Any) -> dict[str, Any]:
+    return {"throttle_time": 0, "error_code": code, **extra}
+
+
 def handle_init_producer_id(broker: Broker, req: Request) -> dict[str, Any]:
     body = req.body
     c = broker.coordination
+    if body.transactional_id:
+        if not allowed(broker, req, Op.WRITE, R.TRANSACTIONAL_ID, body.transactional_id):
+            return _denied(ErrorCode.transactional_id_authorization_failed, producer_id=-1, producer_epoch=-1)
+    elif not idempotent_write_allowed(broker, req):
+        return _denied(ErrorCode.cluster_authorization_failed, producer_id=-1, producer_epoch=-1)
     result = c.txn.init_producer_id(
         body.transactional_id, td_ms(body.transaction_timeout),
         getattr(body, "producer_id", -1), getattr(body, "producer_epoch", -1))
@@ -36,7 +46,13 @@ def handle_add_partitions_to_txn(broker: Broker, req: Request) -> dict[str, Any]
     producer_id, producer_epoch = body.v3_and_below_producer_id, body.v3_and_below_producer_epoch
     requested = [(t.name, p) for t in body.v3_and_below_topics for p in t.partitions]
     unknown = {tp for tp in requested if broker.logs.get_partition(*tp) is None}
-    if unknown:
+    denied = {tp for tp in requested if not allowed(broker, req, Op.WRITE, R.TOPIC, tp[0])}
+    if not allowed(broker, req, Op.WRITE, R.TRANSACTIONAL_ID, transactional_id):
+        errors = dict.fromkeys(requested, ErrorCode.transactional_id_authorization_failed)
+    elif denied:
+        errors = {tp: (ErrorCode.topic_authorization_failed if tp in denied else ErrorCode.operation_not_attempted)
+                  for tp in requested}
+    elif unknown:
         errors = {tp: (ErrorCode.unknown_topic_or_partition if tp in unknown else ErrorCode.operation_not_attempted)
                   for tp in requested}
     else:
@@ -53,6 +69,10 @@ def handle_add_partitions_to_txn(broker: Broker, req: Request) -> dict[str, Any]
 def handle_add_offsets_to_txn(broker: Broker, req: Request) -> dict[str, Any]:
     body = req.body
     c = broker.coordination
+    if not allowed(broker, req, Op.WRITE, R.TRANSACTIONAL_ID, body.transactional_id):
+        return _denied(ErrorCode.transactional_id_authorization_failed)
+    if not allowed(broker, req, Op.READ, R.GROUP, body.group_id):
+        return _denied(ErrorCode.group_authorization_failed)
     result = c.txn.add_offsets_to_txn(body.transactional_id, body.producer_id, body.producer_epoch, body.group_id)
     c.apply_txn_result(result)
     return {"throttle_time": 0, "error_code": result.error}
@@ -61,6 +81,8 @@ def handle_add_offsets_to_txn(broker: Broker, req: Request) -> dict[str, Any]:
 def handle_end_txn(broker: Broker, req: Request) -> dict[str, Any]:
     body = req.body
     c = broker.coordination
+    if not allowed(broker, req, Op.WRITE, R.TRANSACTIONAL_ID, body.transactional_id):
+        return _denied(ErrorCode.transactional_id_authorization_failed)
     result = c.txn.end_txn(body.transactional_id, body.producer_id, body.producer_epoch, body.committed)
     c.apply_txn_result(result)
     return {"throttle_time": 0, "error_code": result.error}
@@ -70,11 +92,13 @@ def handle_describe_producers(broker: Broker, req: Request) -> dict[str, Any]:
     topics = []
     for t in req.body.topics:
         parts = []
+        may_read = allowed(broker, req, Op.READ, R.TOPIC, t.name)
         for p in t.partition_indexes:
             plog = broker.logs.get_partition(t.name, p)
-            if plog is None:
-                parts.append({"partition_index": p, "error_code": ErrorCode.unknown_topic_or_partition,
-                              "error_message": None, "active_producers": []})
+            if not may_read or plog is None:
+                code = ErrorCode.topic_authorization_failed if not may_read else ErrorCode.unknown_topic_or_partition
+                parts.append({"partition_index": p, "error_code": code, "error_message": None,
+                              "active_producers": []})
                 continue
             ongoing = plog.producer_state.ongoing
             parts.append({"partition_index": p, "error_code": ErrorCode.none, "error_message": None,
@@ -89,7 +113,11 @@ def handle_describe_producers(broker: Broker, req: Request) -> dict[str, Any]:
 
 
 def handle_describe_transactions(broker: Broker, req: Request) -> dict[str, Any]:
-    states = broker.coordination.txn.describe_transactions(req.body.transactional_ids)
+    ids = list(req.body.transactional_ids)
+    visible = [t for t in ids if allowed(broker, req, Op.DESCRIBE, R.TRANSACTIONAL_ID, t)]
+    states = broker.coordination.txn.describe_transactions(visible)
+    states += [{"error_code": ErrorCode.transactional_id_authorization_failed, "transactional_id": t}
+               for t in ids if t not in visible]
     for s in states:
         s.setdefault("transaction_state", "")
         s["transaction_timeout"] = s.pop("transaction_timeout_ms", 0)
@@ -110,6 +138,7 @@ def handle_list_transactions(broker: Broker, req: Request) -> dict[str, Any]:
     listed = broker.coordination.txn.list_transactions(
         [s for s in body.state_filters if s in known], body.producer_id_filters,
         getattr(body, "duration_filter", -1))
+    listed = [t for t in listed if allowed(broker, req, Op.DESCRIBE, R.TRANSACTIONAL_ID, t["transactional_id"])]
     return {"throttle_time": 0, "error_code": ErrorCode.none, "unknown_state_filters": unknown,
             "transaction_states": listed}
 
@@ -118,11 +147,15 @@ def handle_write_txn_markers(broker: Broker, req: Request) -> dict[str, Any]:
     """WriteTxnMarkers from a client (Kafka's inter-broker API; ``oncelog transactions abort`` uses it
     to close a hanging transaction): restricted and validated by ``Coordination.write_marker``."""
     out = []
+    may = allowed(broker, req, Op.CLUSTER_ACTION, R.CLUSTER)
     for m in req.body.markers:
         topics = []
         for t in m.topics:
             parts = []
             for p in t.partition_indexes:
+                if not may:
+                    parts.append({"partition_index": p, "error_code": ErrorCode.cluster_authorization_failed})
+                    continue
                 code = broker.coordination.write_marker(t.name, p, m.producer_id, m.producer_epoch,
                                                         m.coordinator_epoch, bool(m.transaction_result))
                 parts.append({"partition_index": p, "error_code": code})

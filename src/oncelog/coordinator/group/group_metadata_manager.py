@@ -1,0 +1,502 @@
+"""Membership of classic groups (Kafka's GroupMetadataManager, classic part): JoinGroup, SyncGroup,
+Heartbeat, LeaveGroup, the rebalance state machine and its timers.
+
+Sans-IO: methods take plain values, ``now`` comes from the injected clock. JoinGroup and SyncGroup
+answer when the rebalance gets there, so they take a ``respond`` callback (the server's resolves a
+future); every callback is called at most once.
+
+Membership lives in memory, as in Kafka (whose classic-group records are appended without being
+replayed at runtime): a rebalance is a conversation with parked requests and timers, not durable
+state. Its durable image is the group-metadata record, written when a rebalance completes (Stable),
+when the group becomes Empty and when a static member is replaced, and buffered for ``take_records``;
+the log therefore always holds the last Stable (or Empty) generation, never one still rebalancing.
+``replay_group`` keeps the newest logged value per group (``logged``, what a checkpoint must keep)
+and, while loading, rebuilds the group from it; a group tombstone always removes the group (that is
+how a group dies: DeleteGroups and offset expiration only return the tombstone, replaying it is the
+change).
+
+Invariants (see also ``group_state``): ``generation_id`` only grows while a group lives; a member id
+is in ``members`` or in ``pending_members``, never both; ``static_members`` maps each instance id to
+exactly one member of ``members``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.clock import Clock
+from oncelog.coordinator.group import offset_records as rec
+from oncelog.coordinator.group.group_state import GroupMetadata, GroupState, MemberMetadata
+
+G = GroupState
+Record = tuple[bytes, bytes | None]
+
+
+@dataclass
+class JoinResult:
+    error: ErrorCode
+    generation_id: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    member_id: str = ""
+    members: list[tuple[str, str | None, bytes]] = field(default_factory=list)
+
+
+@dataclass
+class SyncResult:
+    error: ErrorCode
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    assignment: bytes = b""
+
+
+class GroupMetadataManager:
+    def __init__(self, clock: Clock, *, group_min_session_timeout_ms: int = 6000,
+                 group_max_session_timeout_ms: int = 1_800_000,
+                 group_initial_rebalance_delay_ms: int = 3000) -> None:
+        self.clock = clock
+        self.min_session_ms = group_min_session_timeout_ms
+        self.max_session_ms = group_max_session_timeout_ms
+        self.initial_rebalance_delay_ms = group_initial_rebalance_delay_ms
+        self.groups: dict[str, GroupMetadata] = {}
+        # The newest group-metadata record value per group, as written to the log (membership in
+        # memory may be mid-rebalance and is not what a restart would load).
+        self.logged: dict[str, bytes] = {}
+        self.loading = False
+        self._records: list[Record] = []
+
+    # --- records ------------------------------------------------------------------------------------
+    def _emit_group(self, g: GroupMetadata) -> None:
+        self._records.append((rec.group_key(g.group_id), rec.group_value(g)))
+
+    def take_records(self) -> list[Record]:
+        """Group-metadata records produced by membership changes since the last call."""
+        out, self._records = self._records, []
+        return out
+
+    @staticmethod
+    def tombstone(group_id: str) -> Record:
+        return rec.group_key(group_id), None
+
+    @staticmethod
+    def _new_member_id(client_id: str, group_instance_id: str | None) -> str:
+        return f"{group_instance_id or client_id or 'member'}-{uuid.uuid4()}"
+
+    # --- JoinGroup ----------------------------------------------------------------------------------
+    def join_group(self, group_id: str, member_id: str, group_instance_id: str | None, client_id: str,
+                   client_host: str, session_timeout_ms: int, rebalance_timeout_ms: int, protocol_type: str,
+                   protocols: list[tuple[str, bytes]], require_known_member_id: bool,
+                   respond: Callable[[JoinResult], None]) -> None:
+        """Kafka's classic JoinGroup. An empty member id joins anew: a known ``group_instance_id``
+        replaces (fences) the instance's current member, a dynamic member may first be told
+        MEMBER_ID_REQUIRED. A member id must belong to the group (and to the instance id, if one is
+        given: else FENCED_INSTANCE_ID). ``respond`` is called once, now or when the join phase ends."""
+        now = self.clock.now_ms()
+        if not group_id:
+            return respond(JoinResult(ErrorCode.invalid_group_id, member_id=member_id))
+        if not self.min_session_ms <= session_timeout_ms <= self.max_session_ms:
+            return respond(JoinResult(ErrorCode.invalid_session_timeout, member_id=member_id))
+        rebalance_timeout_ms = rebalance_timeout_ms if rebalance_timeout_ms > 0 else session_timeout_ms
+        protocols = list(protocols)
+        g = self.groups.get(group_id)
+        if g is None:
+            if member_id:
+                return respond(JoinResult(ErrorCode.unknown_member_id, member_id=member_id))
+            g = GroupMetadata(group_id, state_timestamp_ms=now)
+            if not g.supports(protocol_type, protocols):
+                return respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id=member_id))
+            self.groups[group_id] = g
+        elif not g.supports(protocol_type, protocols):
+            return respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id=member_id))
+        new = MemberMetadata("", group_instance_id, client_id, client_host, session_timeout_ms,
+                             rebalance_timeout_ms, protocol_type, protocols)
+
+        if not member_id:
+            new.member_id = self._new_member_id(client_id, group_instance_id)
+            if group_instance_id and group_instance_id in g.static_members:
+                return self._replace_static_member(g, new, respond, now)
+            if require_known_member_id and not group_instance_id:
+                g.pending_members[new.member_id] = now + session_timeout_ms
+                return respond(JoinResult(ErrorCode.member_id_required, member_id=new.member_id))
+            return self._add_member(g, new, respond, now)
+        if member_id in g.pending_members:
+            del g.pending_members[member_id]
+            if group_instance_id and group_instance_id in g.static_members:
+                return respond(JoinResult(ErrorCode.fenced_instance_id, member_id=member_id))
+            new.member_id = member_id
+            return self._add_member(g, new, respond, now)
+
+        error = g.validate_member(member_id, group_instance_id)
+        if error != ErrorCode.none:
+            return respond(JoinResult(error, member_id=member_id))
+        m = g.members[member_id]
+        m.last_heartbeat_ms = now
+        same = m.protocols == protocols
+        if g.state is G.PREPARING_REBALANCE:
+            self._update_member(m, new, respond)
+            return self._maybe_complete_join(g, now)
+        if same and (g.state is G.COMPLETING_REBALANCE or (g.state is G.STABLE and member_id != g.leader_id)):
+            # It lost the response, or a follower rejoins unchanged: the current generation again.
+            return respond(self._join_result(g, m))
+        if g.state in (G.COMPLETING_REBALANCE, G.STABLE):
+            # changed metadata, or the leader asks for a rebalance (e.g. its topics changed)
+            self._update_member(m, new, respond)
+            return self._rebalance(g, now)
+        return respond(JoinResult(ErrorCode.unknown_member_id, member_id=member_id))
+
+    @staticmethod
+    def _update_member(m: MemberMetadata, new: MemberMetadata, respond: Callable[[JoinResult], None]) -> None:
+        m.protocols = new.protocols
+        m.session_timeout_ms, m.rebalance_timeout_ms = new.session_timeout_ms, new.rebalance_timeout_ms
+        m.awaiting_join = respond
+
+    def _add_member(self, g: GroupMetadata, m: MemberMetadata, respond: Callable[[JoinResult], None],
+                    now: int) -> None:
+        if not g.members:
+            g.protocol_type = m.protocol_type
+        g.members[m.member_id] = m
+        if m.group_instance_id:
+            g.static_members[m.group_instance_id] = m.member_id
+        if g.leader_id is None:
+            g.leader_id = m.member_id
+        m.last_heartbeat_ms = now
+        m.awaiting_join = respond
+        self._rebalance(g, now)
+
+    def _replace_static_member(self, g: GroupMetadata, new: MemberMetadata,
+                               respond: Callable[[JoinResult], None], now: int) -> None:
+        """KIP-345: a JoinGroup with an empty member id and a known instance id takes over the
+        instance. The old member id leaves the group at once (whatever it has parked is answered
+        FENCED_INSTANCE_ID, and so is every later request it sends); the new member keeps the old
+        one's assignment and, if it was the leader, the leadership.
+
+        Kafka's rules for the generation: in Stable, if the group's selected protocol stays the same,
+        no rebalance: the group-metadata record is rewritten with the new member id, and the new
+        member gets the current generation, no member list, and the leader as it was (so a replaced
+        leader comes back as a follower and its SyncGroup returns the kept assignment). If the
+        selected protocol would change, or the group is in CompletingRebalance (the leader may be
+        assigning to the old member id), a rebalance starts; in PreparingRebalance the new member
+        joins the rebalance under way.
+        """
+        assert new.group_instance_id is not None
+        old_id = g.static_members[new.group_instance_id]
+        old = g.members.pop(old_id)
+        if old.awaiting_join is not None:
+            old.awaiting_join(JoinResult(ErrorCode.fenced_instance_id, member_id=old_id))
+            old.awaiting_join = None
+        if old.awaiting_sync is not None:
+            old.awaiting_sync(SyncResult(ErrorCode.fenced_instance_id))
+            old.awaiting_sync = None
+        previous_leader = g.leader_id
+        new.assignment = old.assignment
+        new.last_heartbeat_ms = now
+        g.members[new.member_id] = new
+        g.static_members[new.group_instance_id] = new.member_id
+        if g.leader_id == old_id:
+            g.leader_id = new.member_id
+        if g.state is G.STABLE and g.select_protocol() == g.protocol_name:
+            self._emit_group(g)
+            return respond(JoinResult(ErrorCode.none, g.generation_id, g.protocol_type, g.protocol_name,
+                                      previous_leader or "", new.member_id, []))
+        # Mid-rebalance the group's image in the log is the last Stable generation. If it names the
+        # old member id, log it again with the new one (same generation and assignment): a
+        # restart before this rebalance completes must not bring the fenced member id back.
+        logged = self.logged.get(g.group_id)
+        rewritten = rec.with_member_replaced(logged, old_id, new.member_id) if logged is not None else None
+        if rewritten is not None:
+            self._records.append((rec.group_key(g.group_id), rewritten))
+        new.awaiting_join = respond
+        self._rebalance(g, now)
+
+    def _join_result(self, g: GroupMetadata, m: MemberMetadata) -> JoinResult:
+        members = []
+        if m.member_id == g.leader_id:
+            members = [(x.member_id, x.group_instance_id, x.metadata_for(g.protocol_name or ""))
+                       for x in g.members.values()]
+        return JoinResult(ErrorCode.none, g.generation_id, g.protocol_type, g.protocol_name, g.leader_id or "",
+                          m.member_id, members)
+
+    def _rebalance(self, g: GroupMetadata, now: int) -> None:
+        """Start a rebalance unless one is under way, then complete the join phase if it can."""
+        if g.state in (G.EMPTY, G.STABLE, G.COMPLETING_REBALANCE):
+            self._prepare_rebalance(g, now)
+        self._maybe_complete_join(g, now)
+
+    def _prepare_rebalance(self, g: GroupMetadata, now: int) -> None:
+        if g.state is G.COMPLETING_REBALANCE:
+            # The leader's assignment for this generation will never be used: forget the old one
+            # and send the members waiting in SyncGroup back to JoinGroup.
+            for m in g.members.values():
+                m.assignment = b""
+                if m.awaiting_sync is not None:
+                    callback, m.awaiting_sync = m.awaiting_sync, None
+                    callback(SyncResult(ErrorCode.rebalance_in_progress))
+        if g.state is G.EMPTY:
+            g.initial_delay_until_ms = now + self.initial_rebalance_delay_ms
+        g.transition_to(G.PREPARING_REBALANCE, now)
+        g.rebalance_deadline_ms = now + g.rebalance_timeout_ms()
+
+    def _maybe_complete_join(self, g: GroupMetadata, now: int) -> None:
+        """Kafka's completeClassicGroupJoin, once every member rejoined (after the initial delay for a
+        new group) or at the rebalance deadline: dynamic members that did not rejoin are removed,
+        static ones stay (their session timeout decides); with nobody rejoined the deadline moves on."""
+        if g.state is not G.PREPARING_REBALANCE:
+            return
+        all_joined = all(m.awaiting_join is not None for m in g.members.values()) and not g.pending_members
+        if all_joined and now < g.initial_delay_until_ms and now < g.rebalance_deadline_ms:
+            return  # new group: wait a little for more members (group.initial.rebalance.delay.ms)
+        if not all_joined and now < g.rebalance_deadline_ms:
+            return
+        for mid in [mid for mid, m in g.members.items() if m.awaiting_join is None and not m.group_instance_id]:
+            self._remove_member(g, mid)
+        g.pending_members.clear()
+        joined = [m.member_id for m in g.members.values() if m.awaiting_join is not None]
+        if g.members and not joined:
+            g.rebalance_deadline_ms = now + g.rebalance_timeout_ms()
+            return
+        g.generation_id += 1
+        if not g.members:
+            g.protocol_name = None
+            g.leader_id = None
+            g.transition_to(G.EMPTY, now)
+            self._emit_group(g)
+            return
+        if g.leader_id not in joined:
+            g.leader_id = joined[0]
+        g.protocol_name = g.select_protocol()
+        g.transition_to(G.COMPLETING_REBALANCE, now)
+        for m in g.members.values():
+            callback, m.awaiting_join = m.awaiting_join, None
+            m.last_heartbeat_ms = now
+            if callback is not None:
+                callback(self._join_result(g, m))
+
+    def _remove_member(self, g: GroupMetadata, member_id: str) -> None:
+        m = g.members.pop(member_id, None)
+        if m is None:
+            return
+        if m.group_instance_id and g.static_members.get(m.group_instance_id) == member_id:
+            del g.static_members[m.group_instance_id]
+        if m.awaiting_join is not None:
+            callback, m.awaiting_join = m.awaiting_join, None
+            callback(JoinResult(ErrorCode.unknown_member_id, member_id=member_id))
+        if m.awaiting_sync is not None:
+            sync_callback, m.awaiting_sync = m.awaiting_sync, None
+            sync_callback(SyncResult(ErrorCode.unknown_member_id))
+        if g.leader_id == member_id:
+            g.leader_id = next(iter(g.members), None)
+
+    # --- SyncGroup ----------------------------------------------------------------------------------
+    def sync_group(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None,
+                   assignments: list[tuple[str, bytes]], respond: Callable[[SyncResult], None]) -> None:
+        """Kafka's classic SyncGroup: member (and instance), then generation, then state. The leader's
+        SyncGroup in CompletingRebalance sets every member's assignment and makes the group Stable."""
+        now = self.clock.now_ms()
+        g = self.groups.get(group_id)
+        if g is None:
+            return respond(SyncResult(ErrorCode.unknown_member_id))
+        error = g.validate_member(member_id, group_instance_id)
+        if error != ErrorCode.none:
+            return respond(SyncResult(error))
+        if generation_id != g.generation_id:
+            return respond(SyncResult(ErrorCode.illegal_generation))
+        m = g.members[member_id]
+        m.last_heartbeat_ms = now
+        if g.state is G.PREPARING_REBALANCE:
+            return respond(SyncResult(ErrorCode.rebalance_in_progress))
+        if g.state is G.STABLE:
+            return respond(SyncResult(ErrorCode.none, g.protocol_type, g.protocol_name, m.assignment))
+        m.awaiting_sync = respond
+        if member_id == g.leader_id:
+            given = dict(assignments)
+            for x in g.members.values():
+                x.assignment = given.get(x.member_id, b"")
+            g.transition_to(G.STABLE, now)
+            for x in g.members.values():
+                callback, x.awaiting_sync = x.awaiting_sync, None
+                if callback is not None:
+                    callback(SyncResult(ErrorCode.none, g.protocol_type, g.protocol_name, x.assignment))
+            self._emit_group(g)
+
+    # --- Heartbeat / LeaveGroup ---------------------------------------------------------------------
+    def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> ErrorCode:
+        """Kafka's classic Heartbeat: member (and instance), then generation, then state. Only a
+        heartbeat of the current generation counts as liveness, in PreparingRebalance too (where it
+        answers REBALANCE_IN_PROGRESS): a stale one answers ILLEGAL_GENERATION and changes nothing."""
+        g = self.groups.get(group_id)
+        if g is None:
+            return ErrorCode.unknown_member_id
+        error = g.validate_member(member_id, group_instance_id)
+        if error != ErrorCode.none:
+            return error
+        if generation_id != g.generation_id:
+            return ErrorCode.illegal_generation
+        g.members[member_id].last_heartbeat_ms = self.clock.now_ms()
+        if g.state is G.PREPARING_REBALANCE:
+            return ErrorCode.rebalance_in_progress
+        return ErrorCode.none
+
+    def leave_group(self, group_id: str, members: list[tuple[str, str | None]]
+                    ) -> tuple[ErrorCode, list[tuple[str, str | None, ErrorCode]]]:
+        """Kafka's classic LeaveGroup. An empty member id with an instance id removes that static
+        member (an admin's removal); otherwise the member must pass ``validate_member``. Results carry
+        the member ids as the request gave them."""
+        now = self.clock.now_ms()
+        g = self.groups.get(group_id)
+        if g is None:
+            return ErrorCode.unknown_member_id, [(mid, iid, ErrorCode.unknown_member_id) for mid, iid in members]
+        results: list[tuple[str, str | None, ErrorCode]] = []
+        removed = False
+        for member_id, instance_id in members:
+            if not member_id:
+                current = g.static_members.get(instance_id) if instance_id else None
+                if current is None:
+                    results.append((member_id, instance_id, ErrorCode.unknown_member_id))
+                    continue
+                self._remove_member(g, current)
+            elif member_id in g.pending_members:
+                del g.pending_members[member_id]
+            else:
+                error = g.validate_member(member_id, instance_id)
+                if error != ErrorCode.none:
+                    results.append((member_id, instance_id, error))
+                    continue
+                self._remove_member(g, member_id)
+            removed = True
+            results.append((member_id, instance_id, ErrorCode.none))
+        if removed:
+            self._after_removal(g, now)
+        top = results[0][2] if len(results) == 1 else ErrorCode.none
+        return top, results
+
+    def _after_removal(self, g: GroupMetadata, now: int) -> None:
+        if g.state in (G.STABLE, G.COMPLETING_REBALANCE):
+            self._prepare_rebalance(g, now)
+            g.initial_delay_until_ms = 0
+        self._maybe_complete_join(g, now)
+
+    # --- timers -------------------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Session expiry, join deadlines and pending member ids; records go to ``take_records``."""
+        now = self.clock.now_ms()
+        for g in list(self.groups.values()):
+            for pid, expiry in list(g.pending_members.items()):
+                if now >= expiry:
+                    del g.pending_members[pid]
+            # Session expiry applies in every state, rebalances included: a dead member must not hold
+            # a rebalance until the (much longer) rebalance timeout.
+            # Members parked in JoinGroup or SyncGroup are waiting on the coordinator, not dead.
+            expired = [mid for mid, m in g.members.items()
+                       if m.awaiting_join is None and m.awaiting_sync is None
+                       and now - m.last_heartbeat_ms > m.session_timeout_ms]
+            for mid in expired:
+                self._remove_member(g, mid)
+            if expired:
+                self._after_removal(g, now)
+            self._maybe_complete_join(g, now)
+
+    # --- questions the offsets side asks ------------------------------------------------------------
+    def validate_offset_commit(self, group_id: str, generation_id: int, member_id: str,
+                               group_instance_id: str | None, transactional: bool) -> ErrorCode:
+        """May this (Txn)OffsetCommit write offsets for the group? Kafka's validateOffsetCommit:
+
+        - a missing group: generation < 0 commits as a "simple" group (the replay of the offsets
+          creates it), a generation >= 0 is ILLEGAL_GENERATION (OffsetCommit < v9);
+        - generation < 0 on an Empty group: accepted whatever the member id (admin tools, consumers
+          outside group management, a transactional producer holding a departed consumer's metadata);
+        - a generation >= 0, a member id or an instance id: ``validate_member``, then the generation;
+        - neither (v0-style): refused with UNKNOWN_MEMBER_ID while the group has members, except
+          for TxnOffsetCommit, whose older versions carry no member;
+        - OffsetCommit in CompletingRebalance: REBALANCE_IN_PROGRESS (not for TxnOffsetCommit).
+        """
+        g = self.groups.get(group_id)
+        if g is None:
+            return ErrorCode.none if generation_id < 0 else ErrorCode.illegal_generation
+        if generation_id < 0 and g.state is G.EMPTY:
+            return ErrorCode.none
+        if generation_id >= 0 or member_id or group_instance_id:
+            error = g.validate_member(member_id, group_instance_id)
+            if error != ErrorCode.none:
+                return error
+            if generation_id != g.generation_id:
+                return ErrorCode.illegal_generation
+        elif not transactional and g.state is not G.EMPTY:
+            return ErrorCode.unknown_member_id
+        if not transactional and g.state is G.COMPLETING_REBALANCE:
+            return ErrorCode.rebalance_in_progress
+        return ErrorCode.none
+
+    def keep_alive_on_commit(self, group_id: str, member_id: str) -> None:
+        """An accepted OffsetCommit of a member counts as its heartbeat in Stable and
+        PreparingRebalance (Kafka's rule for the classic protocol)."""
+        g = self.groups.get(group_id)
+        if g is not None and member_id in g.members and g.state in (G.STABLE, G.PREPARING_REBALANCE):
+            g.members[member_id].last_heartbeat_ms = self.clock.now_ms()
+
+    def validate_delete(self, group_id: str) -> ErrorCode:
+        """DeleteGroups: only an Empty group may be deleted (Kafka's validateDeleteGroup)."""
+        g = self.groups.get(group_id)
+        if g is None:
+            return ErrorCode.group_id_not_found
+        if g.state is not G.EMPTY:
+            return ErrorCode.non_empty_group
+        return ErrorCode.none
+
+    def subscribed_topics(self, group_id: str) -> set[str]:
+        g = self.groups.get(group_id)
+        return g.subscribed_topics() if g is not None and g.members else set()
+
+    # --- replay -------------------------------------------------------------------------------------
+    def ensure_group(self, group_id: str) -> None:
+        """An offset for a group nobody joined was replayed: a "simple" group (Empty, no protocol)."""
+        if group_id not in self.groups:
+            self.groups[group_id] = GroupMetadata(group_id, state_timestamp_ms=self.clock.now_ms())
+
+    def replay_group(self, group_id: str, value: bytes | None, payload: dict[str, Any] | None) -> None:
+        """A group-metadata record reached the log. A value is remembered as the group's logged image
+        (and rebuilds the group while loading); a tombstone moves the group to Dead and forgets it.
+        Tombstones are only generated for Empty groups, and appended and replayed without awaiting,
+        so at runtime the group is still Empty when its tombstone is replayed."""
+        if value is None:
+            self.logged.pop(group_id, None)
+            g = self.groups.pop(group_id, None)
+            if g is not None:
+                for mid in list(g.members):
+                    self._remove_member(g, mid)
+                g.transition_to(G.DEAD, self.clock.now_ms())
+            return
+        self.logged[group_id] = value
+        if self.loading and payload is not None:
+            self.groups[group_id] = rec.group_from_value(group_id, payload)
+
+    def loaded(self) -> None:
+        """End of loading: restored members get a full session timeout to heartbeat again."""
+        now = self.clock.now_ms()
+        self.loading = False
+        for g in self.groups.values():
+            for m in g.members.values():
+                m.last_heartbeat_ms = now
+
+    # --- admin --------------------------------------------------------------------------------------
+    def list_groups(self, states_filter: Iterable[str] = ()) -> list[tuple[str, str, str]]:
+        wanted = set(states_filter)
+        return [(g.group_id, g.protocol_type or "", g.state.value) for g in self.groups.values()
+                if g.state is not G.DEAD and (not wanted or g.state.value in wanted)]
+
+    def describe_group(self, group_id: str) -> dict[str, Any]:
+        g = self.groups.get(group_id)
+        if g is None:
+            return {"error_code": ErrorCode.none, "group_id": group_id, "group_state": "Dead",
+                    "protocol_type": "", "protocol_data": "", "members": []}
+        return {"error_code": ErrorCode.none, "group_id": group_id, "group_state": g.state.value,
+                "protocol_type": g.protocol_type or "", "protocol_data": g.protocol_name or "",
+                "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                             "client_id": m.client_id, "client_host": m.client_host,
+                             "member_metadata": m.metadata_for(g.protocol_name or ""),
+                             "member_assignment": m.assignment} for m in g.members.values()]}

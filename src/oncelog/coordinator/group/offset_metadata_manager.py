@@ -1,0 +1,137 @@
+"""Committed offsets and pending transactional offsets of every group (Kafka's OffsetMetadataManager).
+
+Sans-IO and membership-blind: whether a member may commit is the membership module's question,
+asked by the coordinator facade before it calls here.
+
+Invariants:
+- State changes only in ``replay`` and ``replay_control``; every other method is a pure read that
+  returns records. So the offsets a client sees are exactly those the log holds, at runtime and after
+  loading alike.
+- ``offsets[g]`` is never an empty dict: a group has an entry iff it has a committed offset.
+- A transactional offset (TxnOffsetCommit) lives in ``pending[producer_id][group]`` from the replay
+  of its record until the COMMIT or ABORT marker of its producer reaches the offsets partition; a
+  commit moves it into ``offsets``, an abort drops it. An offset tombstone also drops the pending
+  offsets of that partition (Kafka does the same), so a group or offset deleted while a transaction
+  is open does not come back when the transaction commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from kio.schema.errors import ErrorCode
+
+from oncelog.coordinator.group import offset_records as rec
+from oncelog.coordinator.group.offset_records import OffsetAndMetadata
+
+Record = tuple[bytes, bytes | None]
+TopicPartition = tuple[str, int]
+OffsetToCommit = tuple[str, int, int, int, str | None]  # topic, partition, offset, leader epoch, metadata
+
+MAX_METADATA_BYTES = 4096  # Kafka's offset.metadata.max.bytes
+
+
+class OffsetMetadataManager:
+    def __init__(self) -> None:
+        self.offsets: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
+        self.pending: dict[int, dict[str, dict[TopicPartition, OffsetAndMetadata]]] = {}
+
+    # --- requests: records only ------------------------------------------------------------------
+    def commit_records(self, group_id: str, offsets: Iterable[OffsetToCommit], now_ms: int
+                       ) -> tuple[dict[TopicPartition, ErrorCode], list[Record]]:
+        """Per-partition errors and the offset records to append for an (already validated) commit."""
+        errors: dict[TopicPartition, ErrorCode] = {}
+        records: list[Record] = []
+        for topic, partition, offset, leader_epoch, metadata in offsets:
+            if metadata is not None and len(metadata) > MAX_METADATA_BYTES:
+                errors[(topic, partition)] = ErrorCode.offset_metadata_too_large
+                continue
+            errors[(topic, partition)] = ErrorCode.none
+            records.append((rec.offset_key(group_id, topic, partition),
+                            rec.offset_value(OffsetAndMetadata(offset, leader_epoch, metadata, now_ms))))
+        return errors, records
+
+    def tombstones(self, group_id: str, partitions: Iterable[TopicPartition] | None = None) -> list[Record]:
+        """Tombstones for the group's committed offsets (all of them, or those of ``partitions``)."""
+        committed = self.offsets.get(group_id, {})
+        wanted = sorted(committed) if partitions is None else [tp for tp in partitions if tp in committed]
+        return [(rec.offset_key(group_id, *tp), None) for tp in wanted]
+
+    def expired_records(self, group_id: str, base_ms: Callable[[int], int] | None,
+                        is_subscribed: Callable[[str], bool], now_ms: int, retention_ms: int
+                        ) -> tuple[list[Record], bool]:
+        """Kafka's cleanupExpiredOffsets for one group: tombstones for the offsets whose retention,
+        counted from ``base_ms(commit time)``, has passed, skipping topics the group subscribes to and
+        partitions with a pending transactional offset. Also says whether that leaves the group with no
+        offset and no open transaction holding offsets for it. ``base_ms`` None: nothing expires."""
+        committed = self.offsets.get(group_id, {})
+        if base_ms is None:
+            return [], not committed and not self.has_open_transactions(group_id)
+        records: list[Record] = []
+        all_expired = True
+        for tp, om in sorted(committed.items()):
+            if (not is_subscribed(tp[0]) and now_ms - base_ms(om.commit_timestamp_ms) >= retention_ms
+                    and not self.has_pending(group_id, tp)):
+                records.append((rec.offset_key(group_id, *tp), None))
+            else:
+                all_expired = False
+        return records, all_expired and not self.has_open_transactions(group_id)
+
+    # --- replay: the only state changes --------------------------------------------------------------
+    def replay(self, group_id: str, tp: TopicPartition, value: OffsetAndMetadata | None,
+               producer_id: int = -1, transactional: bool = False) -> None:
+        if transactional:
+            if value is not None:
+                self.pending.setdefault(producer_id, {}).setdefault(group_id, {})[tp] = value
+            return
+        if value is not None:
+            self.offsets.setdefault(group_id, {})[tp] = value
+            return
+        committed = self.offsets.get(group_id)
+        if committed is not None:
+            committed.pop(tp, None)
+            if not committed:
+                del self.offsets[group_id]
+        for by_group in self.pending.values():
+            by_group.get(group_id, {}).pop(tp, None)
+
+    def replay_control(self, producer_id: int, commit: bool) -> list[str]:
+        """The producer's COMMIT/ABORT marker reached the offsets partition: apply or drop its pending
+        offsets. Returns the groups that got committed offsets."""
+        pending = self.pending.pop(producer_id, None)
+        if not pending or not commit:
+            return []
+        groups = []
+        for group_id, offsets in pending.items():
+            if offsets:
+                self.offsets.setdefault(group_id, {}).update(offsets)
+                groups.append(group_id)
+        return groups
+
+    def drop_group(self, group_id: str) -> None:
+        """The group's metadata tombstone was replayed: it has no committed offsets any more."""
+        self.offsets.pop(group_id, None)
+
+    # --- reads ---------------------------------------------------------------------------------------
+    def has_pending(self, group_id: str, tp: TopicPartition) -> bool:
+        return any(tp in groups.get(group_id, {}) for groups in self.pending.values())
+
+    def has_open_transactions(self, group_id: str) -> bool:
+        return any(groups.get(group_id) for groups in self.pending.values())
+
+    def fetch(self, group_id: str, partitions: list[TopicPartition] | None, require_stable: bool
+              ) -> dict[TopicPartition, tuple[OffsetAndMetadata | None, ErrorCode]]:
+        committed = self.offsets.get(group_id, {})
+        wanted = partitions if partitions is not None else sorted(committed)
+        out: dict[TopicPartition, tuple[OffsetAndMetadata | None, ErrorCode]] = {}
+        for tp in wanted:
+            if require_stable and self.has_pending(group_id, tp):
+                out[tp] = (None, ErrorCode.unstable_offset_commit)
+            else:
+                out[tp] = (committed.get(tp), ErrorCode.none)
+        return out
+
+    def snapshot_records(self, group_id: str) -> list[Record]:
+        """The newest record of each committed offset of the group (pending ones stay in the log)."""
+        return [(rec.offset_key(group_id, *tp), rec.offset_value(o))
+                for tp, o in sorted(self.offsets.get(group_id, {}).items())]
