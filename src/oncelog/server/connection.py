@@ -62,6 +62,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("oncelog.server")
 
+CLOSE_LINGER_S = 0.2  # between a connection's last answer and its close (see _close_after_linger)
+
 class KafkaConnection(asyncio.Protocol):
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -120,6 +122,8 @@ class KafkaConnection(asyncio.Protocol):
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
+        if self.close_after_response:
+            return  # the last answer is out; nothing more is read
         self.last_active = time.monotonic()
         try:
             frames = self.decoder.receive_data(data)
@@ -163,6 +167,12 @@ class KafkaConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def _close_after_linger(self) -> None:
+        """Close a little after the last answer (a refused login) was written, not at once: an answer
+        and the end of the stream arriving in one read make some clients (kafka-python) report only
+        the disconnect and lose the reason. Nothing more is read or handled meanwhile."""
+        asyncio.get_running_loop().call_later(CLOSE_LINGER_S, self.close)
+
     # --- request processing -------------------------------------------------------------------
     async def _drain(self) -> None:
         while self.frames and not self.closed:
@@ -194,7 +204,7 @@ class KafkaConnection(asyncio.Protocol):
                     self.transport.write(out)
                 self.last_active = time.monotonic()
             if self.close_after_response:
-                self.close()  # the transport sends what it buffered, then closes
+                self._close_after_linger()
                 return
             if self.throttle_ms > 0:
                 # KIP-219: the response went out with its throttle time; mute until it has passed.
