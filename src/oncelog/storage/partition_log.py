@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import bisect
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from oncelog.clock import Clock
+from oncelog.protocol import compression
 from oncelog.protocol import records as rb
 from oncelog.storage import fileio
-from oncelog.storage.config import LogConfig
-from oncelog.storage.errors import OffsetOutOfRangeError, RecordTooLargeError
+from oncelog.storage.config import INT64_MAX, LogConfig
+from oncelog.storage.errors import InvalidTimestampError, OffsetOutOfRangeError, RecordTooLargeError
 from oncelog.storage.log_segment import LogSegment
 from oncelog.storage.producer_state import (
     AppendOrigin,
@@ -101,6 +103,7 @@ class PartitionLog:
         self.last_flush_ms = clock.now_ms()
         self._lso_cache: int | None = None
         self._load()
+        self._roll_jitter_ms = self._jitter_for(self.active.base_offset)
 
     # --- offsets ---------------------------------------------------------------------------------
     @property
@@ -117,8 +120,10 @@ class PartitionLog:
 
     @property
     def last_stable_offset(self) -> int:
+        """Never below the log start: DeleteRecords may pass an open transaction's first offset
+        (Kafka bounds it by the high watermark only), and the transaction stays open."""
         first = self.producer_state.first_unstable_offset()
-        return self.active.next_offset if first is None else first
+        return self.active.next_offset if first is None else max(first, self.log_start_offset)
 
     @property
     def size_in_bytes(self) -> int:
@@ -236,7 +241,7 @@ class PartitionLog:
         controls: list[rb.ControlMarker | None] = []
         needs_producer_state = False
         for pos, header in batches:
-            if header.size > max_bytes:
+            if header.size > max_bytes and origin is AppendOrigin.CLIENT:
                 raise RecordTooLargeError(f"batch of {header.size} bytes exceeds max.message.bytes {max_bytes}")
             if header.is_control:
                 if origin is AppendOrigin.CLIENT:
@@ -246,6 +251,9 @@ class PartitionLog:
                 controls.append(None)
             if header.producer_id >= 0:
                 needs_producer_state = True
+        now = self.clock.now_ms()
+        if origin is AppendOrigin.CLIENT:
+            records, batches = self._validate_client_batches(records, batches, now)
         headers = [h for _, h in batches]
         plan = None
         if needs_producer_state:
@@ -253,7 +261,6 @@ class PartitionLog:
             if plan.duplicate is not None:
                 first, last = plan.duplicate
                 return AppendResult(first, last, -1, self.log_start_offset, duplicate=True)
-        now = self.clock.now_ms()
         self._maybe_roll(now, len(records))
         buf = bytearray(records)
         offset = self.log_end_offset
@@ -275,16 +282,70 @@ class PartitionLog:
                 if done.is_aborted:
                     seg.txn_index.append(AbortedTxn(done.producer_id, done.first_offset, done.last_offset,
                                                     lso_before))
-        if self.config.flush_every_append:
+        if self.config.flush_every_append or \
+                self.log_end_offset - self.recovery_point >= self.config.flush_messages:
             self.flush()
         return AppendResult(base_offsets[0], offset - 1, now if log_append_time else -1, self.log_start_offset)
+
+    def _validate_client_batches(self, records: bytes | bytearray, batches: list[tuple[int, rb.BatchHeader]],
+                                 now: int) -> tuple[bytes | bytearray, list[tuple[int, rb.BatchHeader]]]:
+        """What Kafka's LogValidator does with the topic's config: CreateTime records outside
+        message.timestamp.before/after.max.ms are refused, and batches are recompressed to
+        compression.type unless it is ``producer`` or already theirs (then the bytes stay as sent)."""
+        cfg = self.config
+        before, after = cfg.timestamp_before_max_ms, cfg.timestamp_after_max_ms
+        if not cfg.log_append_time and (before < INT64_MAX or after < INT64_MAX):
+            for pos, header in batches:
+                view = memoryview(records)[pos : pos + header.size]
+                for offset, ts in compression.record_timestamps(view, header):
+                    if now - ts > before or ts - now > after:
+                        raise InvalidTimestampError(
+                            f"Timestamp {ts} of record {offset - header.base_offset} of the batch is out of range. "
+                            f"The timestamp should be within [{now - before}, {now + after}]")
+        target = compression.BY_NAME.get(cfg.compression_type)
+        if target is None or all(compression.codec_of(h) == target for _, h in batches):
+            return records, batches
+        level = {compression.GZIP: cfg.compression_gzip_level, compression.LZ4: cfg.compression_lz4_level,
+                 compression.ZSTD: cfg.compression_zstd_level}.get(target)
+        out = bytearray()
+        placed: list[tuple[int, rb.BatchHeader]] = []
+        for pos, header in batches:
+            view = memoryview(records)[pos : pos + header.size]
+            new = bytes(view) if compression.codec_of(header) == target else \
+                compression.recompress_batch(view, header, target, None if level == -1 else level)
+            if len(new) > cfg.max_message_bytes:
+                raise RecordTooLargeError(f"batch of {len(new)} bytes after recompression to {cfg.compression_type} "
+                                          f"exceeds max.message.bytes {cfg.max_message_bytes}")
+            placed.append((len(out), rb.read_header(new)))
+            out += new
+        return out, placed
 
     def _maybe_roll(self, now_ms: int, incoming: int) -> None:
         seg = self.active
         if seg.size == 0:
             return
-        if seg.size + incoming > self.config.segment_bytes or now_ms - seg.created_ms >= self.config.segment_ms:
+        cfg = self.config
+        if seg.size + incoming > cfg.segment_bytes or \
+                now_ms - seg.created_ms >= cfg.segment_ms - self._roll_jitter_ms or \
+                len(seg.offset_index.positions) >= cfg.segment_index_bytes // 8 or \
+                len(seg.time_index.timestamps) >= cfg.segment_index_bytes // 12:
             self.roll(now_ms)
+
+    def _jitter_for(self, base_offset: int) -> int:
+        """segment.jitter.ms: a per-segment random part taken off segment.ms (Kafka's
+        randomSegmentJitter), seeded by the segment so it is the same after a restart."""
+        cfg = self.config
+        if cfg.segment_jitter_ms <= 0:
+            return 0
+        return random.Random(f"{self.name}:{base_offset}").randrange(min(cfg.segment_jitter_ms, cfg.segment_ms))
+
+    # --- live configuration ----------------------------------------------------------------------
+    def set_config(self, config: LogConfig) -> None:
+        """Run with ``config`` from now on (AlterConfigs, a dynamic broker config): the next
+        append, roll, retention pass and flush read it. Segments keep their files as they are."""
+        self.config = config
+        self.active.index_interval_bytes = config.index_interval_bytes
+        self._roll_jitter_ms = self._jitter_for(self.active.base_offset)
 
     def roll(self, now_ms: int | None = None) -> None:
         """Start a new active segment at the log end offset (flushing the old one); the new file's
@@ -292,6 +353,7 @@ class PartitionLog:
         now = self.clock.now_ms() if now_ms is None else now_ms
         self._guarded(self.active.flush)
         self.segments.append(LogSegment(self.directory, self.log_end_offset, now, self.config.index_interval_bytes))
+        self._roll_jitter_ms = self._jitter_for(self.log_end_offset)
         self._guarded(lambda: fileio.fs.fsync_dir(self.directory))
 
     # --- reads -----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from oncelog.protocol import versions as v
 from oncelog.server.handlers import (
     acls,
     admin,
+    configs,
     coordinator_lookup,
     fetch,
     group,
@@ -32,7 +33,9 @@ HANDLERS: dict[int, Handler] = {
     v.API_CREATE_TOPICS: admin.handle_create_topics,
     v.API_DELETE_TOPICS: admin.handle_delete_topics,
     v.API_CREATE_PARTITIONS: admin.handle_create_partitions,
-    v.API_DESCRIBE_CONFIGS: admin.handle_describe_configs,
+    v.API_DESCRIBE_CONFIGS: configs.handle_describe_configs,
+    v.API_ALTER_CONFIGS: configs.handle_alter_configs,
+    v.API_INCREMENTAL_ALTER_CONFIGS: configs.handle_incremental_alter_configs,
     v.API_FIND_COORDINATOR: coordinator_lookup.handle_find_coordinator,
     v.API_INIT_PRODUCER_ID: txn.handle_init_producer_id,
     v.API_ADD_PARTITIONS_TO_TXN: txn.handle_add_partitions_to_txn,
