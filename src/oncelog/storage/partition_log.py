@@ -547,17 +547,31 @@ class PartitionLog:
                      self.log_start_offset)
         return deleted
 
-    def delete_records(self, before_offset: int) -> None:
-        if before_offset > self.high_watermark:
-            raise OffsetOutOfRangeError(f"{before_offset} is beyond the high watermark of {self.name}")
+    def delete_records(self, before_offset: int) -> int:
+        """DeleteRecords (Kafka's maybeIncrementLogStartOffset): move the log start to
+        ``before_offset`` (durably), delete the segments wholly below it; returns the log start.
+
+        Bounded by the high watermark only: the log start may pass an open transaction's first
+        offset; the transaction stays open (the LSO is never below the log start) and the producer
+        state is kept, as in Kafka since KIP-360. Segments above the recovery point are flushed
+        first, as retention does, so the producer-state snapshot never lags a deleted segment."""
+        if before_offset > self.high_watermark or before_offset < 0:
+            raise OffsetOutOfRangeError(f"Cannot increment the log start offset to {before_offset} of partition "
+                                        f"{self.name} since it is larger than the high watermark "
+                                        f"{self.high_watermark}" if before_offset >= 0 else
+                                        f"The offset {before_offset} for partition {self.name} is not valid")
         if before_offset > self.log_start_offset:
             self._set_log_start(before_offset)
-            deleted = False
-            while len(self.segments) > 1 and self.segments[1].base_offset <= before_offset:
+            doomed = 0
+            while doomed + 1 < len(self.segments) and self.segments[doomed + 1].base_offset <= before_offset:
+                doomed += 1
+            if doomed and self.segments[doomed - 1].next_offset > self.recovery_point:
+                self.flush()
+            for _ in range(doomed):
                 self.segments.pop(0).delete()
-                deleted = True
-            if deleted:
+            if doomed:
                 self._after_delete()
+        return self.log_start_offset
 
     def _after_delete(self) -> None:
         """Segments were deleted: make that durable."""

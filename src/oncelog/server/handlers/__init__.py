@@ -18,6 +18,7 @@ from oncelog.server.handlers import (
     list_offsets,
     metadata,
     produce,
+    records,
     txn,
 )
 
@@ -33,6 +34,8 @@ HANDLERS: dict[int, Handler] = {
     v.API_CREATE_TOPICS: admin.handle_create_topics,
     v.API_DELETE_TOPICS: admin.handle_delete_topics,
     v.API_CREATE_PARTITIONS: admin.handle_create_partitions,
+    v.API_DELETE_RECORDS: records.handle_delete_records,
+    v.API_DESCRIBE_LOG_DIRS: records.handle_describe_log_dirs,
     v.API_DESCRIBE_CONFIGS: configs.handle_describe_configs,
     v.API_ALTER_CONFIGS: configs.handle_alter_configs,
     v.API_INCREMENTAL_ALTER_CONFIGS: configs.handle_incremental_alter_configs,
