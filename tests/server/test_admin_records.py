@@ -103,8 +103,10 @@ def test_delete_records_may_pass_an_open_transaction(b: InProcessBroker) -> None
     # the aborted records after the log start stay invisible to read_committed consumers
     assert b.visible_values("t", 0, offset=5) == [b"0" + b"x" * 99, b"1" + b"x" * 99]  # offsets 7, 8
     # the producer's state is kept: its next transaction continues the sequence
-    assert b.add_partitions("tx", pid, epoch + 1, [("t", 0)]) == {("t", 0): 0}
-    assert b.produce("t", 0, batch(1, pid=pid, epoch=epoch + 1, seq=0, txn=True), transactional_id="tx") == 0
+    assert b.add_partitions("tx", pid, epoch, [("t", 0)]) == {("t", 0): 0}
+    assert b.produce("t", 0, batch(1, pid=pid, epoch=epoch, seq=5, txn=True),
+                     transactional_id="tx") == ErrorCode.out_of_order_sequence_number
+    assert b.produce("t", 0, batch(1, pid=pid, epoch=epoch, seq=4, txn=True), transactional_id="tx") == 0
 
 
 def test_idempotent_producer_continues_after_everything_is_deleted(b: InProcessBroker) -> None:
