@@ -77,7 +77,9 @@ class LogManager:
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
         self.broker_configs = self._load_broker_configs()
         self._defaults = self.broker_configs.effective_defaults()
+        self.leader_epoch = 0
         self._load()
+        self._take_leadership()
 
     # --- metadata --------------------------------------------------------------------------------
     def _meta_path(self) -> Path:
@@ -104,6 +106,20 @@ class LogManager:
             if d.is_dir() and d.name != "__meta" and stray:
                 log.warning("removing directory %s of a deleted or unknown topic", d)
                 fileio.fs.rmtree(d)
+
+    def _take_leadership(self) -> None:
+        """Each start of the broker is a new leader epoch for every partition (as a restarted Kafka
+        broker is re-elected with a bumped epoch), so clients detect a log that lost its tail
+        (KIP-101/KIP-320). The epoch is one number for the broker, above every epoch any partition
+        has seen, written durably before any partition uses it."""
+        path = self.meta_dir / "leader-epoch"
+        stored = fileio.read_file(path)
+        previous = int(stored) if stored is not None and stored.strip().isdigit() else -1
+        seen = max((p.epochs.latest_epoch for p in self._partitions.values()), default=-1)
+        self.leader_epoch = max(previous, seen) + 1
+        fileio.fs.write_atomic(path, str(self.leader_epoch).encode())
+        for plog in self._partitions.values():
+            plog.become_leader(self.leader_epoch)
 
     def _save(self) -> None:
         doc = {"topics": [{"name": t.name, "topic_id": str(t.topic_id), "num_partitions": t.num_partitions,
@@ -159,6 +175,7 @@ class LogManager:
             if d.exists():
                 fileio.fs.rmtree(d)
             self._partitions[(name, p)] = PartitionLog(d, name, p, cfg, self.clock, self.dir_state)
+            self._partitions[(name, p)].become_leader(self.leader_epoch)
         self._topics[name] = info
         self._save()
         return info
@@ -179,6 +196,7 @@ class LogManager:
         for p in range(info.num_partitions, new_total):
             self._partitions[(name, p)] = PartitionLog(self._dir(name, p), name, p, cfg, self.clock,
                                                        self.dir_state)
+            self._partitions[(name, p)].become_leader(self.leader_epoch)
         info.num_partitions = new_total
         self._save()
 

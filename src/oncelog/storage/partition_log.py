@@ -32,6 +32,7 @@ from oncelog.protocol import records as rb
 from oncelog.storage import fileio
 from oncelog.storage.config import INT64_MAX, LogConfig
 from oncelog.storage.errors import InvalidTimestampError, OffsetOutOfRangeError, RecordTooLargeError
+from oncelog.storage.leader_epoch_cache import LeaderEpochCache
 from oncelog.storage.log_segment import LogSegment
 from oncelog.storage.producer_state import (
     AppendOrigin,
@@ -102,7 +103,14 @@ class PartitionLog:
         self.recovery_point = 0
         self.last_flush_ms = clock.now_ms()
         self._lso_cache: int | None = None
+        # Leader epochs (KIP-101/320): this broker's epoch, stamped on every appended batch, and the
+        # epoch -> start offset history (see leader_epoch_cache; become_leader sets the epoch).
+        self.leader_epoch = 0
+        self.epochs = LeaderEpochCache(directory)
+        self._epoch_unwritten = False
         self._load()
+        self.epochs.truncate_from_end(self.log_end_offset)
+        self.epochs.truncate_from_start(self.log_start_offset)
         self._roll_jitter_ms = self._jitter_for(self.active.base_offset)
 
     # --- offsets ---------------------------------------------------------------------------------
@@ -194,6 +202,8 @@ class PartitionLog:
             found_batches = seg.recover(start_pos, validate=True, partition=self.name)
             scanned_batches += len(found_batches)
             self._replay(seg, found_batches)
+            for _pos, header in found_batches:  # the unflushed tail's epochs, from the batches
+                self.epochs.assign(header.partition_leader_epoch, header.base_offset)
             if i + 1 < len(self.segments) and seg.next_offset != self.segments[i + 1].base_offset:
                 # A gap after a truncated segment: everything after it is unreachable and unflushed.
                 for later in self.segments[i + 1 :]:
@@ -231,9 +241,22 @@ class PartitionLog:
                     seg.txn_index.append(AbortedTxn(done.producer_id, done.first_offset, done.last_offset,
                                                     lso_before))
 
+    # --- leader epochs ---------------------------------------------------------------------------
+    def become_leader(self, epoch: int) -> None:
+        """Lead this partition in ``epoch`` from the log end offset on (Kafka's makeLeader assigns
+        the epoch's start offset at once, so OffsetForLeaderEpoch is right before any append)."""
+        self.leader_epoch = epoch
+        dirty = self.epochs.dirty
+        self.epochs.assign(epoch, self.log_end_offset)
+        self.epochs.dirty = dirty  # an epoch with no record yet need not be durable...
+        self._epoch_unwritten = True  # ...until its first append
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(epoch, end offset) as OffsetForLeaderEpoch answers; (-1, -1) when unknown."""
+        return self.epochs.end_offset_for(epoch, self.log_end_offset)
+
     # --- appends ---------------------------------------------------------------------------------
-    def append(self, records: bytes | bytearray, *, origin: AppendOrigin = AppendOrigin.CLIENT,
-               leader_epoch: int = 0) -> AppendResult:
+    def append(self, records: bytes | bytearray, *, origin: AppendOrigin = AppendOrigin.CLIENT) -> AppendResult:
         """Validate and append whole batches; offsets are assigned here. See the module docstring."""
         self._check_online()
         batches = rb.split_batches(records)
@@ -267,8 +290,14 @@ class PartitionLog:
         placed: list[tuple[int, rb.BatchHeader]] = []
         base_offsets: list[int] = []
         log_append_time = self.config.log_append_time
+        if self.epochs.latest_epoch != self.leader_epoch:
+            self.epochs.assign(self.leader_epoch, offset)
+        elif self._epoch_unwritten:
+            self.epochs.dirty = True
+        self._epoch_unwritten = False
         for pos, header in batches:
             rb.set_base_offset(buf, pos, offset)
+            rb.set_partition_leader_epoch(buf, pos, self.leader_epoch)
             if log_append_time:
                 rb.set_log_append_time(buf, pos, now)
             placed.append((pos, rb.read_header(buf, pos)))
@@ -500,8 +529,12 @@ class PartitionLog:
         end = self.log_end_offset
         self.last_flush_ms = self.clock.now_ms()
         if end == self.recovery_point:
+            if self.epochs.dirty:  # moved by retention or DeleteRecords
+                self._guarded(self.epochs.write)
             return
         self.sync()
+        if self.epochs.dirty:  # after the data it points into is durable
+            self._guarded(self.epochs.write)
         aborted = {seg.base_offset: len(seg.txn_index.entries) for seg in self.segments if seg.txn_index.entries}
         self._guarded(lambda: write_snapshot(self.directory / SNAPSHOT_FILE,
                                              self.producer_state.snapshot_bytes(end, aborted)))
@@ -579,6 +612,7 @@ class PartitionLog:
 
     def _set_log_start(self, offset: int) -> None:
         self.log_start_offset = max(self.log_start_offset, offset)
+        self.epochs.truncate_from_start(self.log_start_offset)
         self._guarded(lambda: _write_int_file(self.directory / LOG_START_FILE, self.log_start_offset))
 
     # --- lifecycle -------------------------------------------------------------------------------
