@@ -462,3 +462,22 @@ def test_recompressed_batch_larger_than_max_message_bytes_is_refused(b: InProces
     assert len(sent) < 10000
     r = produce(b, "t", sent)
     assert r.error_code == ErrorCode.message_too_large and "recompression" in (r.error_message or "")
+
+
+def test_stored_configs_this_version_refuses_do_not_stop_the_broker(b: InProcessBroker) -> None:
+    import json
+
+    b.create_topic("t")
+    assert incremental(b, TOPIC, "t", [("retention.ms", SET, "1000")])[0] == 0
+    b.broker.close()
+    meta = b.data_dir / "__meta"
+    doc = json.loads((meta / "topics.json").read_text())
+    for t in doc["topics"]:
+        if t["name"] == "t":
+            t["configs"]["cleanup.policy"] = "compact"  # e.g. written by a version with compaction
+    (meta / "topics.json").write_text(json.dumps(doc))
+    node = {"log.retention.ms": "x", "log.segment.bytes": "2000"}
+    (meta / "broker-configs.json").write_text(json.dumps({"node": node, "cluster": {}}))
+    b.broker = b._open()
+    cfg = plog(b, "t").config
+    assert (cfg.retention_ms, cfg.cleanup_policy, cfg.segment_bytes) == (1000, "delete", 2000)

@@ -219,7 +219,17 @@ class LogManager:
     def _load_broker_configs(self) -> BrokerLayers:
         raw = fileio.read_file(self._broker_configs_path())
         doc = json.loads(raw) if raw else {}
-        return BrokerLayers(dict(doc.get("node", {})), dict(doc.get("cluster", {})), self.default_config)
+        scopes: list[dict[str, str]] = []
+        for scope in ("node", "cluster"):
+            kept = {}
+            for k, v in dict(doc.get(scope, {})).items():
+                try:
+                    parse_broker_configs({k: v})
+                    kept[k] = v
+                except InvalidConfigError as exc:  # written by another version: ignored, not fatal
+                    log.error("ignoring the stored dynamic broker config %s=%r: %s", k, v, exc)
+            scopes.append(kept)
+        return BrokerLayers(scopes[0], scopes[1], self.default_config)
 
     def _validated_config(self, configs: Mapping[str, str | None], defaults: LogConfig | None = None) -> LogConfig:
         """The LogConfig a topic with these overrides would have; InvalidConfigError if any is bad."""
