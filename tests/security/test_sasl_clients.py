@@ -150,7 +150,7 @@ def test_kafka_python_wrong_password_is_refused(sasl_broker: BrokerProcess, capl
     caplog.set_level(logging.WARNING, logger="kafka")
     with pytest.raises(KafkaTimeoutError):
         KafkaProducer(**_kafka_python_kwargs(sasl_broker, "SCRAM-SHA-512", ("alice", "nope")),
-                      bootstrap_timeout_ms=10000)
+                      bootstrap_timeout_ms=4000)
     assert GENERIC + "SCRAM-SHA-512" in caplog.text
 
 
