@@ -75,3 +75,19 @@ def test_zombie_attempt_is_fenced_and_output_appears_once(broker: BrokerProcess)
     assert isinstance(outcome["zombie"], Exception), "the old attempt must not commit after being fenced"
     counts = Counter(v for _k, v in read_topic(broker.bootstrap, "out"))
     assert len(counts) == 30 and set(counts.values()) == {1}
+
+
+def test_the_topic_option_overrides_a_topic_column_as_in_spark(broker: BrokerProcess) -> None:
+    """Rows read from a Kafka source carry its ``topic`` column; with the ``topic`` option set they
+    must go to that topic, not back into the source topic."""
+    bs = broker.bootstrap
+    create_topic(bs, "out", 1)
+    create_topic(bs, "source", 1)
+    s = _settings(bs, Guarantee.exactly_once)
+    rows = [(None, b"r%d" % i, "source", None, None) for i in range(5)]
+    assert write_partition(rows, TaskIdentity("q-topic", 0, 0), s).rows == 5
+    assert sorted(v for _k, v in read_topic(bs, "out")) == [b"r%d" % i for i in range(5)]
+    assert read_topic(bs, "source") == []
+    by_column = SinkSettings(client={"bootstrap.servers": bs}, guarantee=Guarantee.at_least_once, topic=None)
+    write_partition(rows, TaskIdentity("q-topic", 0, 0), by_column)
+    assert len(read_topic(bs, "source")) == 5

@@ -196,7 +196,7 @@ def test_one_query_writes_each_batch_to_two_topics_and_two_tables_under_one_quer
     def fan_out(df: Any, batch_id: int) -> None:
         df = df.selectExpr("key", "value", "topic", "partition", "offset").repartition(4, "key").cache()
         for sink in (to_a, to_b):
-            sink(df, batch_id)
+            sink(df.select("key", "value"), batch_id)
             skipped.extend(sink.last_commit.skipped if sink.last_commit else [])
         for table in (t1, t2):
             table(df.selectExpr("topic", "partition", "offset", "CAST(value AS STRING) AS value"), batch_id)
@@ -217,3 +217,46 @@ def test_one_query_writes_each_batch_to_two_topics_and_two_tables_under_one_quer
     assert skipped == []
     progress_parts = {p for p, _o, _v in committed_with_offsets(bs, "progress-fan")}
     assert progress_parts == {0, 1}, "4 Spark partitions mapped onto the topic's 2 progress partitions"
+
+
+def test_a_rewound_checkpoint_fails_the_query_instead_of_dropping_batches(mod_broker: BrokerProcess, spark: Any,
+                                                                           tmp_path: Path) -> None:
+    """A checkpoint restored from an older copy: Spark re-plans batch 2 while the sink already
+    committed batch 3. Before, the sink skipped it silently (its records never reached the output)."""
+    import shutil
+
+    from confluent_kafka import Producer
+
+    bs = mod_broker.bootstrap
+    create_topic(bs, "rw-in", 1)
+    create_topic(bs, "rw-out", 1)
+    p = Producer({"bootstrap.servers": bs})
+    ck, old = tmp_path / "ck", tmp_path / "ck-old"
+
+    def run() -> Any:
+        from pyspark.errors import StreamingQueryException
+
+        q = (spark.readStream.format("oncelog").option("kafka.bootstrap.servers", bs).option("subscribe", "rw-in")
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "10").load()
+             .selectExpr("key", "value").writeStream.format("oncelog").option("kafka.bootstrap.servers", bs)
+             .option("topic", "rw-out").option("progress.topic", "progress-rw")
+             .option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
+        try:
+            q.awaitTermination(120)
+        except StreamingQueryException:
+            pass  # q.exception() has it
+        return q
+
+    for round_ in range(2):
+        for i in range(20):
+            p.produce("rw-in", value=b"%d-%d" % (round_, i))
+        p.flush(10)
+        assert run().exception() is None
+        if round_ == 0:
+            shutil.copytree(ck, old)  # batches 0 and 1 committed
+    assert len(read_topic(bs, "rw-out")) == 40
+    shutil.rmtree(ck)
+    shutil.copytree(old, ck)
+    q = run()
+    assert q.exception() is not None and "rewound" in str(q.exception()), q.exception()
+    assert len(read_topic(bs, "rw-out")) == 40

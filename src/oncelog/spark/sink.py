@@ -7,8 +7,9 @@ after a restart; on replay Spark re-plans the same batch id over the same input 
 (batch_id, partition_id) names the same output. The protocol per guarantee is in
 :mod:`oncelog.spark.guarantees` and docs/design/spark-sink.md.
 
-Output rows carry ``value`` (binary or string, required) and optionally ``key``, ``topic`` (else the
-``topic`` option), ``partition`` and ``headers`` (array of struct<key string, value binary>).
+Output rows carry ``value`` (binary or string, required) and optionally ``key``, ``topic`` (used when
+there is no ``topic`` option, which overrides it, as in Spark's Kafka sink), ``partition`` and
+``headers`` (array of struct<key string, value binary>).
 
 Fault injection is not an option: tests and the demo pass a :class:`SinkHooks` to
 :func:`write_partition` (or subclass :class:`KafkaStreamWriter`, see ``oncelog.demo.fault_sink``).
@@ -321,7 +322,7 @@ def _produce_all(producer: Any, records: Iterable[OutRecord], default_topic: str
                  on_delivery: _Delivery | None) -> int:
     n = 0
     for key, value, topic, partition, headers in records:
-        target = topic or default_topic
+        target = default_topic or topic  # as in Spark's Kafka sink, the topic option overrides the column
         if not target:
             raise ValueError("no topic: set option 'topic' or add a 'topic' column")
         kwargs: dict[str, Any] = {"key": key, "value": value}
