@@ -15,13 +15,6 @@ from oncelog.spark.source import OffsetRange, OffsetSpec, split_ranges
 BS = {"kafka.bootstrap.servers": "127.0.0.1:1"}
 
 
-def _stream_reader(**options: str) -> object:
-    pytest.importorskip("pyspark")
-    from oncelog.spark.source import KafkaStreamReader
-
-    return KafkaStreamReader({**BS, "subscribe": "t", **options})
-
-
 @pytest.mark.parametrize("options,message", [
     ({"subscribe": "t", "startingOffset": "earliest"}, r"unknown source option\(s\) \['startingOffset'\]"),
     ({"subscribe": "t", "topic": "x"}, r"unknown source option\(s\) \['topic'\]"),

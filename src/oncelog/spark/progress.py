@@ -196,7 +196,7 @@ class ProgressLog:
 
     def read(self, partition_id: int) -> PartitionState:
         """The committed state of ``partition_id``'s progress partition (see the module invariant)."""
-        from confluent_kafka import TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
 
         part = self.partition_for(partition_id)
         cache_key = (str(self.conf.get("bootstrap.servers")), self.topic, part)
@@ -204,6 +204,9 @@ class ProgressLog:
         try:
             low, high = probe.get_watermark_offsets(TopicPartition(self.topic, part), timeout=self.timeout_s,
                                                     cached=False)
+        except KafkaException as exc:
+            raise RuntimeError(f"progress partition {self.topic}-{part} at {cache_key[0]}: no offsets within "
+                               f"{self.timeout_s:g}s: {exc}") from exc
         finally:
             probe.close()
         with _CACHE_LOCK:

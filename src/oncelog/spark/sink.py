@@ -452,7 +452,8 @@ def _write_with_progress(producer: Any, spool: Spool, ident: TaskIdentity, setti
                 f"the broker refused transaction.timeout.ms={timeout_ms} for {spool.rows} rows (above its "
                 "transaction.max.timeout.ms): set option transaction.timeout.ms, or lower "
                 "maxOffsetsPerTrigger so micro-batches are smaller") from exc
-        raise
+        raise RuntimeError(f"transactional id {tid} at {settings.client.get('bootstrap.servers')}: "
+                           f"init_transactions failed (timeout.ms={settings.timeout_s * 1000:g}): {exc}") from exc
     state = progress.read(ident.partition_id)
     reason = _check_replay(state.latest.get(key), ident, spool.rows, settings)
     if reason:
