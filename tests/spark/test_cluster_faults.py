@@ -22,7 +22,7 @@ from oncelog.demo.faults import duplicates_and_losses, produce_transactions, rea
 from oncelog.testing.broker_process import BrokerProcess, create_topic
 
 pytest.importorskip("pyspark")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 
 def test_executor_killed_mid_batch_and_after_its_commit_on_a_cluster(broker: BrokerProcess, tmp_path: Path) -> None:
@@ -37,7 +37,7 @@ def test_executor_killed_mid_batch_and_after_its_commit_on_a_cluster(broker: Bro
            "--kill-executor-before-commit", "0:0", "--kill-executor-after-commit", "1:1",
            "--marker-dir", str(markers), "--commit-report", str(report)]
     with open(tmp_path / "job.log", "wb") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=280)
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=360)
     assert proc.returncode == 0, (tmp_path / "job.log").read_text(errors="replace")[-4000:]
     assert sorted(p.name for p in markers.iterdir()) == ["executor-after-1-1", "executor-before-0-0"], \
         "both executor kills happened"
