@@ -39,7 +39,7 @@ def _run(broker: BrokerProcess, tmp_path: Path, guarantee: str, kills: int) -> t
     report_path = tmp_path / "commits.jsonl"
     cmd = [sys.executable, "-m", "oncelog.demo.job", "--bootstrap", bs, "--input", "in", "--output", "out",
            "--checkpoint", str(tmp_path / "ckpt"), "--guarantee", guarantee, "--max-offsets", "40",
-           "--delay-ms", "1000", "--kill-driver-in-commit", str(KILLED_BATCH), "--marker-dir",
+           "--delay-ms", "1000" if kills else "0", "--kill-driver-in-commit", str(KILLED_BATCH), "--marker-dir",
            str(tmp_path / "markers"), "--commit-report", str(report_path)]
     report = run_with_driver_kills(cmd, bs, "out", kills=kills, seed=5, log_path=tmp_path / "job.log",
                                    timeout_s=360)
