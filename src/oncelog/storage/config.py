@@ -20,9 +20,44 @@ TOPIC_CONFIGS: dict[str, str] = {
     "flush.ms": "flush_interval_ms",
     "message.timestamp.type": "message_timestamp_type",
     "max.message.bytes": "max_message_bytes",
-    "cleanup.policy": "cleanup_policy",
     "min.insync.replicas": "min_insync_replicas",
 }
+
+# --- log compaction (the log cleaner) ---------------------------------------------------------------
+_CLEANER_TOPIC_CONFIGS: dict[str, str] = {
+    "cleanup.policy": "cleanup_policy",
+    "delete.retention.ms": "delete_retention_ms",
+    "min.cleanable.dirty.ratio": "min_cleanable_dirty_ratio",
+    "min.compaction.lag.ms": "min_compaction_lag_ms",
+    "max.compaction.lag.ms": "max_compaction_lag_ms",
+}
+TOPIC_CONFIGS.update(_CLEANER_TOPIC_CONFIGS)
+_LONG_MAX = 2**63 - 1
+
+
+def _parse_cleaner_config(name: str, raw: str) -> object:
+    """The value of one of the cleaner's topic configs, validated as Kafka validates it."""
+    if name == "cleanup.policy":
+        parts = [p.strip() for p in raw.split(",")]
+        if not parts or any(p not in ("delete", "compact") for p in parts) or len(set(parts)) != len(parts):
+            raise InvalidConfigError(f"cleanup.policy must be delete, compact or compact,delete; got {raw!r}")
+        return ",".join(parts)
+    if name == "min.cleanable.dirty.ratio":
+        try:
+            ratio = float(raw)
+        except ValueError:
+            raise InvalidConfigError(f"{name} must be a number, got {raw!r}") from None
+        if not 0.0 <= ratio <= 1.0:
+            raise InvalidConfigError(f"{name} must be between 0 and 1, got {raw!r}")
+        return ratio
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if value < (1 if name == "max.compaction.lag.ms" else 0) or value > _LONG_MAX:
+        raise InvalidConfigError(f"{name} out of range: {raw}")
+    return value
+# --- end of log compaction ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -37,8 +72,28 @@ class LogConfig:
     flush_every_append: bool = False
     message_timestamp_type: str = "CreateTime"
     max_message_bytes: int = 1024 * 1024 + 12
-    cleanup_policy: str = "delete"
     min_insync_replicas: int = 1
+    # --- log compaction (Kafka's topic configs; the broker's log.cleaner.* give the defaults) -----
+    cleanup_policy: str = "delete"  # "delete", "compact" or "compact,delete" (either order)
+    delete_retention_ms: int = 24 * 3600 * 1000
+    min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = _LONG_MAX
+
+    @property
+    def compact(self) -> bool:
+        return "compact" in self.cleanup_policy.split(",")
+
+    @property
+    def delete(self) -> bool:
+        return "delete" in self.cleanup_policy.split(",")
+
+    @property
+    def max_segment_ms(self) -> int:
+        """Kafka's maxSegmentMs: a compacted log also rolls when max.compaction.lag.ms has passed,
+        so a record never waits in the (never cleaned) active segment longer than that."""
+        return min(self.segment_ms, self.max_compaction_lag_ms) if self.compact else self.segment_ms
+    # --- end of log compaction --------------------------------------------------------------------
 
     @property
     def log_append_time(self) -> bool:
@@ -53,6 +108,9 @@ class LogConfig:
             if raw is None:
                 continue
             field = TOPIC_CONFIGS[name]
+            if name in _CLEANER_TOPIC_CONFIGS:
+                changes[field] = _parse_cleaner_config(name, raw)
+                continue
             current = getattr(self, field)
             if isinstance(current, int) and not isinstance(current, bool):
                 try:
@@ -68,14 +126,13 @@ class LogConfig:
                 if raw not in _TIMESTAMP_TYPES:
                     raise InvalidConfigError(f"{name} must be one of {_TIMESTAMP_TYPES}")
                 value = raw
-            elif field == "cleanup_policy":
-                if raw != "delete":
-                    raise InvalidConfigError("only cleanup.policy=delete is supported")
-                value = raw
             else:
                 value = raw
             changes[field] = value
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        result = dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        if result.min_compaction_lag_ms > result.max_compaction_lag_ms:  # Kafka refuses this pair too
+            raise InvalidConfigError("min.compaction.lag.ms must not exceed max.compaction.lag.ms")
+        return result
 
     def to_topic_configs(self, overrides: dict[str, str]) -> dict[str, tuple[str, bool]]:
         """Kafka name -> (value, is_default) for DescribeConfigs."""
