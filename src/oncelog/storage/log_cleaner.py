@@ -284,26 +284,70 @@ def _group_segments(job: CleanJob, segments: list[SourceSegment]) -> list[list[S
     return groups
 
 
-@dataclass
 class _Output:
-    base_offset: int
-    next_offset: int
-    old_bases: list[int]
-    data: bytearray = field(default_factory=bytearray)
-    offset_entries: list[tuple[int, int]] = field(default_factory=list)
-    time_entries: list[tuple[int, int]] = field(default_factory=list)
-    aborted: list[AbortedTxn] = field(default_factory=list)
-    since_index: int = 0
+    """One cleaned segment being written: the log streams to its ``.log.cleaned`` file through a
+    small buffer (memory stays bounded whatever ``segment.bytes`` is); the indexes, a few entries,
+    are written when the segment is finished."""
 
-    def add(self, batch: bytes | memoryview, base_offset: int, max_timestamp: int, interval: int) -> None:
-        pos = len(self.data)
-        if pos == 0 or self.since_index >= interval:
-            self.offset_entries.append((base_offset - self.base_offset, pos))
-            self.since_index = 0
-        self.since_index += len(batch)
+    FLUSH_BYTES = 1 << 20
+
+    def __init__(self, job: CleanJob, base_offset: int, next_offset: int, old_bases: list[int]) -> None:
+        self.job = job
+        self.base_offset = base_offset
+        self.next_offset = next_offset
+        self.old_bases = old_bases
+        self.size = 0
+        self.offset_entries: list[tuple[int, int]] = []
+        self.time_entries: list[tuple[int, int]] = []
+        self.aborted: list[AbortedTxn] = []
+        self._since_index = 0
+        self._pending = bytearray()
+        self._fd = _create(job, segment_swap.cleaned_path(job.directory, base_offset, ".log"))
+
+    def add(self, batch: bytes | memoryview, base_offset: int, max_timestamp: int) -> None:
+        if self.size == 0 or self._since_index >= self.job.index_interval_bytes:
+            self.offset_entries.append((base_offset - self.base_offset, self.size))
+            self._since_index = 0
+        self._since_index += len(batch)
         if max_timestamp > (self.time_entries[-1][0] if self.time_entries else -1):
             self.time_entries.append((max_timestamp, base_offset - self.base_offset))
-        self.data += batch
+        self._pending += batch
+        self.size += len(batch)
+        if len(self._pending) >= self.FLUSH_BYTES:
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        view = memoryview(self._pending)
+        pos = self.size - len(view)
+        while view:
+            n = fileio.fs.pwrite(self._fd, view, pos)
+            view, pos = view[n:], pos + n
+        self._pending = bytearray()
+
+    def finish(self) -> None:
+        """fsync the log, write and fsync the three indexes (loop thread swaps them in later)."""
+        try:
+            self._write_pending()
+            fileio.fs.fsync(self._fd)
+        finally:
+            self.close()
+        d, base = self.job.directory, self.base_offset
+        _write_file(self.job, segment_swap.cleaned_path(d, base, ".index"),
+                    b"".join(_OFFSET_ENTRY.pack(r, p) for r, p in self.offset_entries))
+        _write_file(self.job, segment_swap.cleaned_path(d, base, ".timeindex"),
+                    b"".join(_TIME_ENTRY.pack(t, r) for t, r in self.time_entries))
+        _write_file(self.job, segment_swap.cleaned_path(d, base, ".txnindex"),
+                    b"".join(_TXN_ENTRY.pack(a.producer_id, a.first_offset, a.last_offset, a.last_stable_offset)
+                             for a in self.aborted))
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fileio.fs.close(self._fd)
+            self._fd = -1
+
+    def discard(self) -> None:
+        self.close()
+        fileio.fs.unlink(segment_swap.cleaned_path(self.job.directory, self.base_offset, ".log"))
 
 
 class _Filter:
@@ -386,18 +430,24 @@ class _Filter:
         return out
 
 
-def _write_file(job: CleanJob, path: Path, data: bytes | bytearray) -> None:
+def _create(job: CleanJob, path: Path) -> int:
+    """Create (or empty) a ``.cleaned`` file; refused once the job is cancelled (see CleanJob)."""
     with job.lock:
         job.check()
         fd = fileio.fs.open_rw(path)
         job.created.append(path)
+    if os.fstat(fd).st_size:
+        fileio.fs.ftruncate(fd, 0)
+    return fd
+
+
+def _write_file(job: CleanJob, path: Path, data: bytes) -> None:
+    fd = _create(job, path)
     try:
-        if os.fstat(fd).st_size:
-            fileio.fs.ftruncate(fd, 0)
         view = memoryview(data)
         written = 0
         while written < len(view):
-            written += fileio.fs.pwrite(fd, view[written:written + (8 << 20)], written)
+            written += fileio.fs.pwrite(fd, view[written:], written)
         fileio.fs.fsync(fd)
     finally:
         fileio.fs.close(fd)
@@ -413,38 +463,35 @@ def clean(job: CleanJob) -> CleanResult:
     filt = _Filter(job, offsets, map_end, aborted)
     outputs: list[_Output] = []
     aborted_by_marker = {(a.producer_id, a.last_offset): a for a in job.aborted}
-    bytes_read = 0
-    for group in _group_segments(job, rewrite):
-        out = _Output(group[0].base_offset, group[-1].next_offset, [s.base_offset for s in group])
-        for seg in group:
-            bytes_read += seg.size
-            for header, view in _read_batches(job, seg, throttle):
-                kept = filt.batch(header, view)
-                if kept is None:
-                    continue
-                kept_header = rb.read_header(kept)
-                out.add(kept, kept_header.base_offset, kept_header.max_timestamp, job.index_interval_bytes)
-        out.aborted = [aborted_by_marker[k] for k in sorted(filt.kept_abort_markers, key=lambda k: k[1])
-                       if out.base_offset <= k[1] < out.next_offset and k in aborted_by_marker]
-        if not out.data and outputs:
-            outputs[-1].next_offset = out.next_offset  # an emptied group joins the one before it
-            outputs[-1].old_bases += out.old_bases
-            continue
-        outputs.append(out)
-    result = CleanResult([], len(rewrite), map_end, bytes_read=bytes_read, records_removed=filt.records_removed)
-    for out in outputs:
-        d = job.directory
-        _write_file(job, segment_swap.cleaned_path(d, out.base_offset, ".log"), out.data)
-        _write_file(job, segment_swap.cleaned_path(d, out.base_offset, ".index"),
-                    b"".join(_OFFSET_ENTRY.pack(r, p) for r, p in out.offset_entries))
-        _write_file(job, segment_swap.cleaned_path(d, out.base_offset, ".timeindex"),
-                    b"".join(_TIME_ENTRY.pack(t, r) for t, r in out.time_entries))
-        _write_file(job, segment_swap.cleaned_path(d, out.base_offset, ".txnindex"),
-                    b"".join(_TXN_ENTRY.pack(a.producer_id, a.first_offset, a.last_offset, a.last_stable_offset)
-                             for a in out.aborted))
-        result.segments.append(CleanedSegment(out.base_offset, out.next_offset, out.old_bases, len(out.data),
-                                              len(out.aborted)))
-        result.bytes_written += len(out.data)
+    result = CleanResult([], len(rewrite), map_end)
+    out: _Output | None = None
+    try:
+        for group in _group_segments(job, rewrite):
+            out = _Output(job, group[0].base_offset, group[-1].next_offset, [s.base_offset for s in group])
+            for seg in group:
+                result.bytes_read += seg.size
+                for header, view in _read_batches(job, seg, throttle):
+                    kept = filt.batch(header, view)
+                    if kept is not None:
+                        kept_header = rb.read_header(kept)
+                        out.add(kept, kept_header.base_offset, kept_header.max_timestamp)
+            out.aborted = [aborted_by_marker[k] for k in sorted(filt.kept_abort_markers, key=lambda k: k[1])
+                           if out.base_offset <= k[1] < out.next_offset and k in aborted_by_marker]
+            if out.size == 0 and outputs:
+                out.discard()  # an emptied group joins the segment before it
+                outputs[-1].next_offset = out.next_offset
+                outputs[-1].old_bases += out.old_bases
+            else:
+                out.finish()
+                outputs.append(out)
+            out = None
+    finally:
+        if out is not None:
+            out.close()
+    for o in outputs:
+        result.segments.append(CleanedSegment(o.base_offset, o.next_offset, o.old_bases, o.size, len(o.aborted)))
+        result.bytes_written += o.size
+    result.records_removed = filt.records_removed
     result.elapsed_s = time.monotonic() - started
     return result
 
