@@ -5,6 +5,8 @@ both isolation levels, a committed offset inside a removed range, kill -9 mid-cl
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -177,5 +179,29 @@ def test_kill_9_while_cleaning_loses_nothing(tmp_path: Path) -> None:
             assert k is not None and v is not None
             seen[k] = v
         assert seen == newest
+    finally:
+        broker.kill()
+
+
+def test_oncelog_topics_create_with_cleanup_policy_compact(tmp_path: Path) -> None:
+    broker = start_broker(tmp_path)
+    try:
+        bs = ["--bootstrap", broker.bootstrap]
+
+        def oncelog(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "oncelog", *args], capture_output=True, text=True,
+                                  timeout=60)
+
+        r = oncelog("topics", "create", "changelog", "--config", "cleanup.policy=compact",
+                    "--config", "min.compaction.lag.ms=1000", *bs)
+        assert r.returncode == 0, r.stderr
+        r = oncelog("topics", "create", "both", "--config", "cleanup.policy=compact,delete", *bs)
+        assert r.returncode == 0, r.stderr
+        r = oncelog("topics", "create", "bad", "--config", "cleanup.policy=shred", *bs)
+        assert r.returncode == 1 and "cleanup.policy" in r.stderr
+        r = oncelog("topics", "describe", "changelog", "both", *bs)
+        assert r.returncode == 0
+        assert "cleanup.policy=compact" in r.stdout and "cleanup.policy=compact,delete" in r.stdout
+        assert "min.compaction.lag.ms=1000" in r.stdout
     finally:
         broker.kill()
