@@ -205,3 +205,44 @@ def test_oncelog_topics_create_with_cleanup_policy_compact(tmp_path: Path) -> No
         assert "min.compaction.lag.ms=1000" in r.stdout
     finally:
         broker.kill()
+
+
+def test_emptied_batches_and_markers_do_not_stall_librdkafka(tmp_path: Path) -> None:
+    """A fenced producer's last entry is the coordinator's ABORT marker at a bumped epoch: the
+    cleaner keeps it (fencing) but, once delete.retention.ms passed, empties it. Consumers in
+    both isolation levels read across emptied data batches and an emptied control batch."""
+    from oncelog.protocol import records as rb
+
+    broker = start_broker(tmp_path)
+    try:
+        create_topic(broker.bootstrap, "fenced", 1, {**TOPIC_CONFIG, "delete.retention.ms": "0",
+                                                     "segment.bytes": "1024"})
+        zombie = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "z"})
+        zombie.init_transactions(30)
+        zombie.begin_transaction()
+        for k in range(3):
+            zombie.produce("fenced", b"doomed", b"d%d" % k, partition=0)
+        zombie.flush(30)
+        fresh = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "z"})
+        fresh.init_transactions(30)  # fences the zombie: its transaction is aborted at a bumped epoch
+        p = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True})
+        deadline = time.monotonic() + 60
+        empty_marker = False
+        while not empty_marker:
+            assert time.monotonic() < deadline, "the marker was never emptied"
+            for j in range(6):
+                p.produce("fenced", b"pad" * 60, b"pad-%d" % j, partition=0)
+                assert p.flush(30) == 0
+            time.sleep(0.3)
+            for seg in sorted((tmp_path / "data" / "fenced-0").glob("*.log")):
+                data = seg.read_bytes()
+                empty_marker |= any(h.is_control and h.records_count == 0 for _, h in rb.iter_headers(data))
+        fresh.begin_transaction()
+        fresh.produce("fenced", b"alive", b"alive", partition=0)
+        fresh.commit_transaction(30)
+        for isolation in ("read_committed", "read_uncommitted"):
+            recs = read_all(broker.bootstrap, "fenced", isolation)
+            assert recs and recs[-1][2] == b"alive", isolation
+            assert not any(v == b"doomed" for _, _, v in recs)
+    finally:
+        broker.kill()
