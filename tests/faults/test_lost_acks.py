@@ -47,7 +47,9 @@ def test_retries_after_lost_produce_responses(tmp_path: Path, idempotence: bool)
         p = Producer({"bootstrap.servers": proxy.address, "enable.idempotence": idempotence, "acks": "all",
                       "retries": 100, "retry.backoff.ms": 20, "linger.ms": 5,
                       "max.in.flight.requests.per.connection": 5, "message.timeout.ms": 60000})
-        proxy.drop_responses(API_PRODUCE, 15, probability=0.5)
+        # every one of the first 6 Produce responses is lost (with linger, 300 records may fit in a
+        # handful of requests: a coin flip per response could drop none)
+        proxy.drop_responses(API_PRODUCE, 6, probability=1.0)
         n = 300
         delivered = []
         for i in range(n):

@@ -8,6 +8,7 @@ from pathlib import Path
 import crc32c
 
 from oncelog.clock import ManualClock
+from oncelog.protocol import compression
 from oncelog.protocol import records as rb
 from oncelog.storage import record_codec
 from oncelog.storage.config import LogConfig
@@ -20,7 +21,7 @@ def kv(pairs: list[tuple[bytes | None, bytes | None]], *, ts: int = 1_000, pid: 
        seq: int = -1, txn: bool = False, codec: int = 0) -> bytes:
     """A batch of keyed records (value None: a tombstone), optionally compressed."""
     recs = [rb.encode_record(i, i, k, v) for i, (k, v) in enumerate(pairs)]
-    payload = record_codec.compress(codec, b"".join(recs))
+    payload = compression.compress(codec, b"".join(recs))
     raw = rb.build_batch([payload], base_timestamp=ts, max_timestamp=ts + len(pairs) - 1,
                          attributes=(rb.ATTR_TRANSACTIONAL if txn else 0) | codec, producer_id=pid,
                          producer_epoch=epoch, base_sequence=seq)

@@ -8,9 +8,16 @@ from pathlib import Path
 import pytest
 
 from oncelog.clock import ManualClock
+from oncelog.protocol import compression
 from oncelog.protocol import records as rb
 from oncelog.storage import record_codec
-from oncelog.storage.config import LogConfig
+from oncelog.storage.config import (
+    BrokerLayers,
+    LogConfig,
+    check_combination,
+    describe_topic_configs,
+    parse_topic_configs,
+)
 from oncelog.storage.errors import InvalidConfigError, KeylessRecordError
 from oncelog.storage.log_cleaner import CleanerConfig, LogCleanerManager, clean
 from oncelog.storage.partition_log import PartitionLog
@@ -172,19 +179,21 @@ def test_cleanup_policy_and_cleaner_configs_parse_as_kafka_does() -> None:
                                    "min.compaction.lag.ms": "7", "max.compaction.lag.ms": "9"})
     assert (cfg.min_cleanable_dirty_ratio, cfg.delete_retention_ms, cfg.min_compaction_lag_ms,
             cfg.max_compaction_lag_ms) == (0.25, 5, 7, 9)
-    described = cfg.to_topic_configs({"min.cleanable.dirty.ratio": "0.25"})
-    assert described["min.cleanable.dirty.ratio"] == ("0.25", False)
-    assert described["delete.retention.ms"][0] == "5"
+    layers = BrokerLayers({}, {"log.cleaner.delete.retention.ms": "5"}, LogConfig())
+    described = {d.name: d for d in describe_topic_configs({"min.cleanable.dirty.ratio": "0.25"}, layers)}
+    assert (described["min.cleanable.dirty.ratio"].value, described["cleanup.policy"].value) == ("0.25", "delete")
+    assert described["delete.retention.ms"].value == "5"  # the broker's log.cleaner.delete.retention.ms
+    assert layers.effective_defaults().delete_retention_ms == 5
     for name, bad in (("min.cleanable.dirty.ratio", "1.5"), ("min.cleanable.dirty.ratio", "x"),
                       ("delete.retention.ms", "-1"), ("max.compaction.lag.ms", "0")):
         with pytest.raises(InvalidConfigError):
             base.with_topic_configs({name: bad})
-    with pytest.raises(InvalidConfigError):
-        base.with_topic_configs({"min.compaction.lag.ms": "10", "max.compaction.lag.ms": "5"})
+    with pytest.raises(InvalidConfigError, match=r"min\.compaction\.lag\.ms"):
+        check_combination(base, parse_topic_configs({"min.compaction.lag.ms": "10", "max.compaction.lag.ms": "5"}))
 
 
-@pytest.mark.parametrize("codec", [record_codec.CODEC_GZIP, record_codec.CODEC_SNAPPY, record_codec.CODEC_LZ4,
-                                   record_codec.CODEC_ZSTD])
+@pytest.mark.parametrize("codec", [compression.GZIP, compression.SNAPPY, compression.LZ4,
+                                   compression.ZSTD])
 def test_compressed_batches_are_cleaned_and_stay_compressed(tmp_path: Path, codec: int) -> None:
     plog = compact_log(tmp_path)
     for i in range(6):

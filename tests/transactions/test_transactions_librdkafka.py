@@ -173,3 +173,30 @@ def test_transactions_survive_a_broker_restart(tmp_path: Path) -> None:
         assert [v for _, _, v in read_all(b.bootstrap, "rs", 1, "read_committed")] == [b"a", b"b"]
     finally:
         b.kill()
+
+
+def test_after_an_unclean_restart_an_open_transaction_is_aborted_and_its_producer_fenced(tmp_path: Path) -> None:
+    """Background fsync: some of the open transaction's acknowledged records could have been lost in
+    one partition and kept in another, so the restart aborts it; the producer's commit then fails
+    (fenced) instead of committing what survived."""
+    b = oncelog_broker(tmp_path / "d", log_path=tmp_path / "broker.log").start()
+    try:
+        create_topic(b.bootstrap, "uncl", 2)
+        p = txn_producer(b.bootstrap, "uncl-1")
+        p.begin_transaction()
+        for i in range(4):
+            p.produce("uncl", b"open-%d" % i, partition=i % 2)
+        p.flush(10)
+        b.restart()  # kill -9
+        with pytest.raises(KafkaException) as exc:
+            p.commit_transaction(15)
+        assert exc.value.args[0].fatal() or exc.value.args[0].txn_requires_abort()
+        assert read_all(b.bootstrap, "uncl", 2, "read_committed", settle_s=0.5) == []
+        assert "it was open when the broker stopped uncleanly" in (tmp_path / "broker.log").read_text()
+        p2 = txn_producer(b.bootstrap, "uncl-1")
+        p2.begin_transaction()
+        p2.produce("uncl", b"after", partition=0)
+        p2.commit_transaction(15)
+        assert [v for _, _, v in read_all(b.bootstrap, "uncl", 2, "read_committed")] == [b"after"]
+    finally:
+        b.kill()

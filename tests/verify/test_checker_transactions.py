@@ -161,6 +161,23 @@ def test_offsets_sent_must_pass_what_was_consumed() -> None:
     assert any("skipping visible [3, 4]" in d for d in details(h, "offset-commit-mismatch"))
 
 
+def test_an_unknown_copier_transaction_that_shows_nothing_is_not_held_to_its_offsets() -> None:
+    """A copier whose commit hung (watchdog: outcome unknown) before it recorded its offsets, and whose
+    copies are nowhere visible, did not commit (soak seed 7 flagged it as sent no offset)."""
+    h = copier()
+    h.txns[1].outcome = "unknown"
+    h.txns[1].offsets = {}
+    for s in h.sends[2:]:
+        s.offset, s.acked = -1, False
+    for poll in h.polls:
+        poll.records = [r for r in poll.records if "@x0.1" not in r[2]]
+    assert not any("x0 txn 1" in d and "sent no offset" in d for d in details(h, "offset-commit-mismatch"))
+    h = copier()
+    h.txns[1].outcome = "unknown"  # visible: it committed, so its offsets are checked
+    h.txns[1].offsets = {}
+    assert any("sent no offset for partition 0" in d for d in details(h, "offset-commit-mismatch"))
+
+
 def test_committed_offset_read_back_below_a_commit() -> None:
     h = copier()
     h.offsets[1] = Offsets("x0", G, 51, 53, "commit", {0: 3})  # txn 2 committed 6 by t=50

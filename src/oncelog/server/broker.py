@@ -124,7 +124,7 @@ class Broker:
             lambda: KafkaConnection(self), self.config.listen_host, self.config.listen_port,
             reuse_address=True, backlog=512,
         )
-        self._tasks.append(loop.create_task(self._every(self.config.flush_interval_ms, self._flush)))
+        self._tasks.append(loop.create_task(self._every(self._flush_tick_ms, self._flush)))
         self._tasks.append(loop.create_task(
             self._every(self.config.log_retention_check_interval_ms, self._retention)))
         self._tasks.append(loop.create_task(self._every(
@@ -204,16 +204,21 @@ class Broker:
             os.close(self._lock_fd)  # closing the descriptor drops the flock
             self._lock_fd = -1
 
-    async def _every(self, interval_ms: int, fn: Any) -> None:
-        interval = max(interval_ms, 10) / 1000
+    async def _every(self, interval_ms: int | Callable[[], int], fn: Any) -> None:
         while True:
-            await asyncio.sleep(interval)
+            ms = interval_ms() if callable(interval_ms) else interval_ms
+            await asyncio.sleep(max(ms, 10) / 1000)
             try:
                 fn()
             except fileio.StorageOfflineError as exc:
                 self.storage_failed(exc)
             except Exception:
                 log.exception("background task %s failed", getattr(fn, "__name__", fn))
+
+    def _flush_tick_ms(self) -> int:
+        """The background flush looks as often as the shortest flush.ms of any topic (topic
+        configs can lower it live), and at least every flush_interval_ms."""
+        return min(self.config.flush_interval_ms, self.logs.min_flush_interval_ms())
 
     def _flush(self) -> None:
         self.logs.flush_all(self.clock.now_ms())

@@ -17,34 +17,25 @@ timestamp type. The base timestamp becomes the first surviving record's timestam
 horizon when one is set (attribute bit 6, KIP-534: the base timestamp field then *is* the horizon
 and record timestamps stay right because their deltas are recomputed against it).
 
-Codecs: gzip through the standard library; snappy (raw or xerial-framed, as Java clients write
-it), lz4 (frame format) and zstd through ``cramjam``.
+Codecs are ``protocol.compression``'s (gzip, snappy, lz4, zstd, as Kafka frames them).
 
 Pure functions: safe to call from the cleaner's threads.
 """
 
 from __future__ import annotations
 
-import gzip
 import struct
 from dataclasses import dataclass
-from typing import Any
 
 import crc32c
 
+from oncelog.protocol import compression
 from oncelog.protocol import records as rb
 
 ATTR_DELETE_HORIZON = 0x40  # Kafka's DELETE_HORIZON_FLAG_MASK
 NO_TIMESTAMP = -1
 
-CODEC_NONE, CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4, CODEC_ZSTD = 0, 1, 2, 3, 4
-
-_XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _AFTER_CRC = struct.Struct(">hiqqqhii")  # attributes .. records_count
-
-
-class CodecUnavailableError(RuntimeError):
-    """The batch uses a compression codec this process cannot decode."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,65 +84,11 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-# --- compression -----------------------------------------------------------------------------------
-def _cramjam() -> Any:
-    try:
-        import cramjam
-    except ImportError as exc:  # pragma: no cover - cramjam is a dependency
-        raise CodecUnavailableError("cramjam is not installed") from exc
-    return cramjam
-
-
-def decompress(codec: int, data: bytes | memoryview) -> bytes:
-    if codec == CODEC_NONE:
-        return bytes(data)
-    if codec == CODEC_GZIP:
-        return gzip.decompress(bytes(data))
-    cj = _cramjam()
-    if codec == CODEC_SNAPPY:
-        raw = bytes(data)
-        if raw.startswith(_XERIAL_MAGIC):
-            out = bytearray()
-            p = 16  # magic (8), version (4), compatible version (4)
-            while p + 4 <= len(raw):
-                (n,) = struct.unpack_from(">i", raw, p)
-                p += 4
-                out += bytes(cj.snappy.decompress_raw(raw[p:p + n]))
-                p += n
-            return bytes(out)
-        return bytes(cj.snappy.decompress_raw(raw))
-    if codec == CODEC_LZ4:
-        return bytes(cj.lz4.decompress(bytes(data)))
-    if codec == CODEC_ZSTD:
-        return bytes(cj.zstd.decompress(bytes(data)))
-    raise CodecUnavailableError(f"unknown compression codec {codec}")
-
-
-def compress(codec: int, data: bytes) -> bytes:
-    if codec == CODEC_NONE:
-        return data
-    if codec == CODEC_GZIP:
-        return gzip.compress(data, mtime=0)
-    cj = _cramjam()
-    if codec == CODEC_SNAPPY:
-        # xerial framing, as the Java producer writes it; librdkafka and every client read it.
-        out = bytearray(_XERIAL_MAGIC + struct.pack(">ii", 1, 1))
-        for i in range(0, max(len(data), 1), 32 * 1024):
-            block = bytes(cj.snappy.compress_raw(data[i:i + 32 * 1024]))
-            out += struct.pack(">i", len(block)) + block
-        return bytes(out)
-    if codec == CODEC_LZ4:
-        return bytes(cj.lz4.compress(data))
-    if codec == CODEC_ZSTD:
-        return bytes(cj.zstd.compress(data))
-    raise CodecUnavailableError(f"unknown compression codec {codec}")
-
-
 # --- decoding --------------------------------------------------------------------------------------
 def decode_records(batch: bytes | memoryview, header: rb.BatchHeader) -> list[Record]:
     """Every record of the batch at the start of ``batch`` (``header`` is its header)."""
     payload = memoryview(batch)[rb.HEADER_SIZE:header.size]
-    data = decompress(header.attributes & rb.ATTR_COMPRESSION_MASK, payload)
+    data = compression.decompress(compression.codec_of(header), payload)
     out: list[Record] = []
     p = 0
     try:
@@ -224,7 +161,7 @@ def rebuild_batch(header: rb.BatchHeader, records: list[Record], *, delete_horiz
     else:
         base_ts = records[0].timestamp
     payload = b"".join(_encode_record(r, header.base_offset, base_ts) for r in records)
-    payload = compress(header.attributes & rb.ATTR_COMPRESSION_MASK, payload)
+    payload = compression.compress(compression.codec_of(header), payload)
     after_crc = _AFTER_CRC.pack(attributes, header.last_offset_delta, base_ts, max_ts, header.producer_id,
                                 header.producer_epoch, header.base_sequence, len(records)) + payload
     return _header_prefix(header, after_crc) + after_crc
