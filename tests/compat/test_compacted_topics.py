@@ -93,11 +93,15 @@ def produce_workload(bootstrap: str, topic: str) -> dict[bytes, bytes | None]:
 
 
 def wait_until_clean(bootstrap: str, topic: str, timeout_s: float = 60) -> list[tuple[int, bytes | None, bytes | None]]:
+    """Read until the cleaner is done: no aborted value left, and two reads in a row the same (the
+    cleaner runs on while segments become cleanable, as flushes move the recovery point)."""
     deadline = time.monotonic() + timeout_s
+    previous = None
     while True:
         recs = read_all(bootstrap, topic, "read_uncommitted", idle_s=1.0)
-        if not any(v == b"ABORTED" for _, _, v in recs) and len({o for o, _, _ in recs}) < 120:
+        if not any(v == b"ABORTED" for _, _, v in recs) and len(recs) < 120 and recs == previous:
             return recs
+        previous = recs
         assert time.monotonic() < deadline, f"not cleaned after {timeout_s}s: {len(recs)} records"
         time.sleep(0.5)
 
