@@ -336,3 +336,27 @@ def test_cleaning_races_appends_retention_delete_records_and_topic_deletion(tmp_
         clean(job)
     assert type(info.value).__name__ == "CleaningAbortedError"
     assert not list((tmp_path / "a").glob("*.cleaned"))
+
+
+def test_an_aborted_job_never_touches_files_of_a_later_cleaning_in_the_same_directory(tmp_path: Path) -> None:
+    """A topic deleted mid-cleaning and created again under the same name: the old job's failure,
+    handled after a new job wrote its .cleaned files (same bases), must not remove them."""
+    plog = compact_log(tmp_path)
+    fill(plog, 8)
+    c = cleaner()
+    job = c.job_for(plog, 0)
+    assert job is not None
+    first = clean(job)  # the old job wrote its files...
+    c.abort(plog)  # ...then the topic was deleted: cancel removes them
+    assert not list(tmp_path.glob("*.cleaned"))
+    later = c.job_for(plog, 0)  # the same directory's next cleaning writes the same names
+    assert later is not None
+    before = view(plog)
+    later_result = clean(later)
+    written = sorted(tmp_path.glob("*.cleaned"))
+    assert written
+    c.failed(job, RuntimeError("the old thread's late failure"))
+    assert sorted(tmp_path.glob("*.cleaned")) == written
+    assert plog.name not in c.uncleanable  # an aborted job does not make the log uncleanable
+    assert first.segments and c.complete(later, later_result)  # and the later cleaning swaps in whole
+    assert_compacted(before, view(plog))

@@ -648,10 +648,11 @@ class LogCleanerManager:
         alone until a restart (Kafka's uncleanable partitions)."""
         if self.in_progress.get(job.plog) is job:
             del self.in_progress[job.plog]
-        with job.lock:
-            for p in job.created:
-                fileio.fs.unlink(p)
-        if job.cancelled or isinstance(exc, CleaningAbortedError | FileNotFoundError):
+        if job.cancelled:
+            return  # ``cancel`` removed its files; the directory may belong to a re-created topic now
+        for p in job.created:
+            fileio.fs.unlink(p)
+        if isinstance(exc, CleaningAbortedError | FileNotFoundError):
             return
         self.uncleanable[job.name] = f"{type(exc).__name__}: {exc}"
         log.error("%s: cleaning failed; the log is not cleaned again until the broker restarts: %s",
