@@ -1,16 +1,37 @@
-"""Random bodies for every advertised API and version, from a raw socket: the broker may close the
-connection or answer, but it keeps serving (seeded, bounded)."""
+"""Fuzzing the broker: random bytes, then structure-aware requests (tests/server/fuzz_requests.py) for
+every API and version, in process (fast, every handler exception is a failure naming the request)
+and over sockets beside real clients (tests/server/fuzz_run.py). `make fuzz` runs the socket fuzz
+for ONCELOG_FUZZ_SECONDS (default there 1800); `make test` for 20 seconds."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import os
 import random
 import socket
 import struct
+from pathlib import Path
 
+import pytest
 from confluent_kafka import Producer
+from kio.schema.errors import ErrorCode
 
+from oncelog.protocol import records as rb
+from oncelog.protocol.errors import MalformedRequestError, UnsupportedVersionError
+from oncelog.protocol.messages import (
+    build_response,
+    decode_request,
+    encode_fetch_response,
+    encode_response,
+)
 from oncelog.protocol.versions import SUPPORTED_VERSIONS
 from oncelog.testing.broker_process import BrokerProcess
+from tests.inproc import InProcessBroker
+from tests.server.fuzz_requests import FUZZ_TOPICS, RequestFuzzer, supported_pairs
+from tests.server.fuzz_run import run_fuzz
+
+API_METADATA = 3
 
 
 def test_random_request_bodies_never_kill_the_broker(broker: BrokerProcess) -> None:
@@ -36,3 +57,110 @@ def test_random_request_bodies_never_kill_the_broker(broker: BrokerProcess) -> N
     p = Producer({"bootstrap.servers": broker.bootstrap})
     p.produce("after-fuzz", b"still alive")
     assert p.flush(15) == 0
+
+
+# --- in process: the handlers themselves -------------------------------------------------------------
+
+def handle(ib: InProcessBroker, frame: bytes, corr: int) -> bytes | None:
+    """What the server's connection does with one frame (without its size prefix), minus the socket:
+    decode, handle (a delayed answer waits at most 0.2 s, as a client that hangs up), encode."""
+    try:
+        req = decode_request(frame, ib.broker.supported_versions)
+    except (MalformedRequestError, UnsupportedVersionError):
+        return None  # the connection answers or closes; no handler ran
+    result = ib.broker.handlers[req.api_key](ib.broker, req)
+    if inspect.isawaitable(result):
+        try:
+            result = ib.loop.run_until_complete(asyncio.wait_for(result, 0.2))
+        except TimeoutError:
+            return None
+    if result is None:
+        return None
+    if req.api_key == 1 and isinstance(result, dict):
+        return b"".join(bytes(p) for p in encode_fetch_response(req.api_version, corr, result))
+    if isinstance(result, dict):
+        result = build_response(req.api_key, req.api_version, result)
+    return encode_response(req.api_key, req.api_version, corr, result)
+
+
+def stored_batches_are_valid(ib: InProcessBroker) -> int:
+    """Every batch in every user partition passes the produce validation again: nothing invalid was
+    ever stored. Returns the number of batches checked."""
+    n = 0
+    for (topic, _p), plog in ib.broker.logs.partitions().items():
+        if topic.startswith("__"):
+            continue
+        data = plog.read(plog.log_start_offset, 1 << 30).records
+        for pos, header in rb.iter_headers(data):
+            rb.validate_batch(data, pos)
+            rb.validate_records(data, pos, header)
+            n += 1
+    return n
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_structure_aware_fuzz_in_process(tmp_path: Path, seed: int) -> None:
+    """Every API and version, valid requests with mutated fields and batches; no handler may raise,
+    every answer must encode, a crash and a restart load the data, and only valid batches are stored."""
+    ib = InProcessBroker(tmp_path / "d")
+    try:
+        for t in FUZZ_TOPICS[:3]:
+            ib.create_topic(t, 2)
+        fz = RequestFuzzer(random.Random(seed), chaos=0.15)
+        pairs = supported_pairs() * 6
+        random.Random(seed).shuffle(pairs)
+        for i in range(len(pairs) + 1500):
+            if i == len(pairs) // 2:
+                ib.restart()  # a crash (kill -9) half way
+            fz.pairs = [pairs[i]] if i < len(pairs) else supported_pairs()
+            frame, _expects, key, ver, corr, body, kind = fz.frame()
+            if kind.startswith("fatal"):
+                continue
+            try:
+                out = handle(ib, frame[4:], corr)
+            except Exception as exc:
+                raise AssertionError(f"request {i} ({kind}) api {key} v{ver} raised {exc!r}: {body!r:.3000}") from exc
+            if out is not None and kind == "ok":
+                fz.learn(key, ver, out[4:], body)
+        ib.restart()
+        assert stored_batches_are_valid(ib) > 0
+    finally:
+        ib.close()
+
+
+def test_regression_metadata_null_topic_name_below_v12(tmp_path: Path) -> None:
+    """Found by the fuzzer: Metadata v10/v11 with a null topic name (a lookup by topic id, which only
+    v12 answers) made the handler answer a null name in a field that is not nullable below v12;
+    encoding the response raised, and the connection was closed as an internal error."""
+    ib = InProcessBroker(tmp_path / "d")
+    try:
+        ib.create_topic("t")
+        for version in (10, 11):
+            r = ib.call(API_METADATA, version, {"topics": [{"name": None, "topic_id": None}, {"name": "t"}],
+                                                "allow_auto_topic_creation": False})
+            assert [int(t.error_code) for t in r.topics] == [ErrorCode.invalid_request, 0]
+        r = ib.call(API_METADATA, 12, {"topics": [{"name": None}], "allow_auto_topic_creation": False})
+        assert r.topics[0].error_code == ErrorCode.unknown_topic_id and r.topics[0].name is None
+    finally:
+        ib.close()
+
+
+# --- over sockets, beside real clients -----------------------------------------------------------------
+
+RSS_GROWTH_BOUND = 128 << 20
+
+
+def test_socket_fuzz_beside_real_clients(tmp_path: Path) -> None:
+    seconds = float(os.environ.get("ONCELOG_FUZZ_SECONDS", "20"))
+    seed = int(os.environ.get("ONCELOG_FUZZ_SEED", "1"))
+    report = run_fuzz(tmp_path, seconds=seconds, seed=seed, connections=12)
+    print(f"fuzz: {report.requests} requests ({report.kinds}), {report.answered} answered, "
+          f"{report.reconnects} connections; good clients: {len(report.idem_delivered)} idempotent, "
+          f"{len(report.txn_committed)} committed, {len(report.txn_aborted)} aborted, {len(report.consumed)} "
+          f"consumed; RSS warm {report.rss_warm >> 20} MiB, end {report.rss_end >> 20} MiB, max "
+          f"{report.rss_max >> 20} MiB; phases {report.phases}")
+    assert report.problems() == []
+    assert len(report.apis) == len(SUPPORTED_VERSIONS), "every API was fuzzed"
+    assert report.answered > report.requests // 3
+    assert report.idem_delivered and report.txn_committed and report.txn_aborted and report.consumed
+    assert report.rss_end - report.rss_warm < RSS_GROWTH_BOUND
