@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import gzip
+import os
 import random
 import struct
 import types
@@ -49,6 +50,7 @@ CONFIG_KEYS = ["retention.ms", "retention.bytes", "cleanup.policy", "max.message
 CONFIG_VALUES = ["-1", "0", "1", "1000", "compact", "delete", "LogAppendTime", "CreateTime", "abc", "",
                  "99999999999999999999", None]
 
+KNOWN_UNFIXED_KEYS = (8, 28)  # OffsetCommit, TxnOffsetCommit larger than max.message.bytes
 INT_RANGES = {"int8": (-(2**7), 2**7 - 1), "int16": (-(2**15), 2**15 - 1), "int32": (-(2**31), 2**31 - 1),
               "int64": (-(2**63), 2**63 - 1)}
 
@@ -105,6 +107,10 @@ class RequestFuzzer:
         self.chaos = chaos
         self.pairs = pairs or supported_pairs()
         self.corr = 0
+        # Known, reported and not yet fixed (see the xfail regression tests in test_fuzz_requests.py):
+        # offset commits whose records exceed __consumer_offsets' max.message.bytes. Skipped unless
+        # ONCELOG_FUZZ_KNOWN=1, so that a run finds what is new.
+        self.skip_known = os.environ.get("ONCELOG_FUZZ_KNOWN") != "1"
 
     # --- requests ----------------------------------------------------------------------------------
     def request(self, api_key: int | None = None, version: int | None = None) -> tuple[int, int, Any]:
@@ -404,8 +410,11 @@ class RequestFuzzer:
         connection on ("fatal" kinds leave the stream unsynchronised: the sender must close)."""
         rng = self.rng
         self.corr = (self.corr + 1) % 2**31
-        api_key, version, body = self.request()
-        frame = encode_request(api_key, version, self.corr, body, client_id=self.random_client_id())
+        while True:
+            api_key, version, body = self.request()
+            frame = encode_request(api_key, version, self.corr, body, client_id=self.random_client_id())
+            if not (self.skip_known and api_key in KNOWN_UNFIXED_KEYS and len(frame) > 512 << 10):
+                break
         expects = not (api_key == 0 and int(getattr(body, "acks", -1)) == 0)
         r = rng.random()
         if r < 0.86:
