@@ -413,7 +413,7 @@ class RequestFuzzer:
         while True:
             api_key, version, body = self.request()
             frame = encode_request(api_key, version, self.corr, body, client_id=self.random_client_id())
-            if not (self.skip_known and api_key in KNOWN_UNFIXED_KEYS and len(frame) > 512 << 10):
+            if not (self.skip_known and api_key in KNOWN_UNFIXED_KEYS and offset_records_size(body) > 512 << 10):
                 break
         expects = not (api_key == 0 and int(getattr(body, "acks", -1)) == 0)
         r = rng.random()
@@ -433,6 +433,12 @@ class RequestFuzzer:
             extra = self.random_bytes(rng.randint(1, 20))
             data = struct.pack(">i", len(frame) - 4 + len(extra)) + frame[4:] + extra
             return data, True, api_key, version, self.corr, body, "trailing"
+        if r < 0.93:  # a non-nullable array sent as null (length -1, or compact length 0)
+            paths = non_nullable_array_paths(body)
+            if paths:
+                bad = with_path(body, rng.choice(paths), None)
+                data = encode_request(api_key, version, self.corr, bad, client_id="fuzz")
+                return data, True, api_key, version, self.corr, bad, "null-array"
         if r < 0.94:  # unsupported version or unknown key
             data = bytearray(frame)
             if rng.random() < 0.5:
@@ -476,6 +482,48 @@ def compress(codec: int, data: bytes) -> bytes:
     from oncelog.protocol.compression import _zstd_module
 
     return bytes(_zstd_module().compress(data))
+
+
+Path = tuple[Any, ...]  # field names, or (field name, index) to step into an array's item
+
+
+def non_nullable_array_paths(entity: Any, prefix: Path = ()) -> list[Path]:
+    """Paths to every array field of ``entity`` (and of its items) whose schema forbids null."""
+    out: list[Path] = []
+    for name, tp, _kind in _fields(type(entity)):
+        value = getattr(entity, name)
+        nullable = typing.get_origin(tp) in (typing.Union, types.UnionType)
+        if isinstance(value, tuple):
+            if not nullable:
+                out.append((*prefix, name))
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    out += non_nullable_array_paths(item, (*prefix, (name, i)))
+        elif dataclasses.is_dataclass(value):
+            out += non_nullable_array_paths(value, (*prefix, name))
+    return out
+
+
+def with_path(entity: Any, path: Path, value: Any) -> Any:
+    """A copy of the frozen ``entity`` with the field at ``path`` set to ``value``."""
+    head, *rest = path
+    if isinstance(head, tuple):
+        name, i = head
+        items = list(getattr(entity, name))
+        items[i] = with_path(items[i], tuple(rest), value)
+        return dataclasses.replace(entity, **{name: tuple(items)})
+    if not rest:
+        return dataclasses.replace(entity, **{head: value})
+    return dataclasses.replace(entity, **{head: with_path(getattr(entity, head), tuple(rest), value)})
+
+
+def offset_records_size(body: Any) -> int:
+    """About the bytes of offset records an (Txn)OffsetCommit makes: each partition's key repeats the
+    group and topic names, its value the metadata."""
+    group = len(getattr(body, "group_id", "") or "")
+    return sum((group + len(t.name or "") + 64) * len(t.partitions)
+               + sum(len(getattr(p, "committed_metadata", None) or "") for p in t.partitions)
+               for t in body.topics)
 
 
 @cache
