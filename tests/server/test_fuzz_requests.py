@@ -266,6 +266,8 @@ def test_socket_fuzz_beside_real_clients(tmp_path: Path) -> None:
           f"{len(report.txn_committed)} committed, {len(report.txn_aborted)} aborted, {len(report.consumed)} "
           f"consumed; RSS warm {report.rss_warm >> 20} MiB, end {report.rss_end >> 20} MiB, max "
           f"{report.rss_max >> 20} MiB; phases {report.phases}")
+    for problem in report.problems():
+        print("PROBLEM", problem[:3000])
     assert report.problems() == []
     assert len(report.apis) == len(SUPPORTED_VERSIONS), "every API was fuzzed"
     assert report.answered > report.requests // 3
