@@ -439,6 +439,13 @@ class RequestFuzzer:
                 bad = with_path(body, rng.choice(paths), None)
                 data = encode_request(api_key, version, self.corr, bad, client_id="fuzz")
                 return data, True, api_key, version, self.corr, bad, "null-array"
+        if r < 0.935 and version >= FLEXIBLE_FROM.get(api_key, 99):  # a compact array announcing 2**32 entries
+            positions = compact_array_positions(frame)
+            if positions:
+                at, size = rng.choice(positions)
+                data = frame[:at] + rng.choice([b"\xff\xff\xff\xff\x0f", b"\xff\xff\xff\x07"]) + frame[at + size:]
+                data = struct.pack(">i", len(data) - 4) + data[4:]
+                return data, True, api_key, version, self.corr, body, "huge-array"
         if r < 0.94:  # unsupported version or unknown key
             data = bytearray(frame)
             if rng.random() < 0.5:
@@ -482,6 +489,52 @@ def compress(codec: int, data: bytes) -> bytes:
     from oncelog.protocol.compression import _zstd_module
 
     return bytes(_zstd_module().compress(data))
+
+
+FLEXIBLE_FROM = {k: next((v for v in range(lo, hi + 1) if request_type(k, v).__flexible__), 99)
+                 for k, (lo, hi) in SUPPORTED_VERSIONS.items()}
+
+
+def compact_array_positions(frame: bytes) -> list[tuple[int, int]]:
+    """(position, size) of every compact array length in a flexible request frame (size prefix
+    included), found by walking the body with the broker's own layout of the schema."""
+    from oncelog.protocol.messages import _FIXED, _LENGTH_PREFIXED, _layout, _reader, _uvarint_at
+
+    api_key, version = struct.unpack_from(">hh", frame, 4)
+    entity = request_type(api_key, version)
+    _, pos = _reader(entity.__header_schema__)(frame[4:], 0)
+    found: list[tuple[int, int]] = []
+
+    def walk(p: int, t: type) -> int:
+        for kind, is_array, nested in _layout(t):
+            count = 1
+            if is_array:
+                start = p
+                raw, p = _uvarint_at(frame, p)
+                found.append((start, p - start))
+                count = raw - 1
+                if count <= 0:
+                    continue
+            if nested is not None:
+                for _ in range(count):
+                    p = walk(p, nested)
+            elif kind in _FIXED:
+                p += _FIXED[kind] * count
+            else:
+                assert kind in _LENGTH_PREFIXED
+                for _ in range(count):
+                    raw, p = _uvarint_at(frame, p)
+                    p += max(raw - 1, 0)
+        tags, p = _uvarint_at(frame, p)
+        for _ in range(tags):
+            _tag, p = _uvarint_at(frame, p)
+            size, p = _uvarint_at(frame, p)
+            p += size
+        return p
+
+    end = walk(pos + 4, entity)
+    assert end == len(frame), (api_key, version, end, len(frame))
+    return found
 
 
 Path = tuple[Any, ...]  # field names, or (field name, index) to step into an array's item

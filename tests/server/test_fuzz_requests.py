@@ -203,6 +203,48 @@ def test_regression_null_arrays_are_malformed_requests(tmp_path: Path) -> None:
         ib.close()
 
 
+HUGE_ARRAY_PROBE = """
+import random, struct, sys
+sys.path.insert(0, sys.argv[1])
+from oncelog.protocol.errors import MalformedRequestError
+from oncelog.protocol.messages import decode_request, encode_request
+from tests.server.fuzz_requests import FLEXIBLE_FROM, RequestFuzzer, compact_array_positions, supported_pairs
+fz = RequestFuzzer(random.Random(4), chaos=0.0)
+refused = 0
+for key, version in supported_pairs():
+    if version < FLEXIBLE_FROM[key]:
+        continue
+    for _ in range(1):
+        _, _, body = fz.request(key, version)
+        frame = encode_request(key, version, 1, body)
+        for at, size in compact_array_positions(frame):
+            bad = frame[:at] + b"\\xff\\xff\\xff\\xff\\x0f" + frame[at + size:]
+            try:
+                decode_request(bad[4:])
+            except MalformedRequestError:
+                refused += 1
+print("refused", refused)
+"""
+
+
+def test_regression_compact_array_of_2_to_the_32_entries_does_not_abort(tmp_path: Path) -> None:
+    """Found by the 30-minute socket fuzz: the broker process died ("memory allocation of 274877906928
+    bytes failed", a Rust abort in kio's native reader). A flexible request whose compact array
+    announces 2**32 - 1 entries makes kio reserve memory for all of them before reading one; a failed
+    Rust allocation aborts the process, nothing in Python can catch it. ``decode_request`` now walks
+    flexible bodies first and refuses an array announcing more entries than bytes remain, as Kafka's
+    readers do. Every compact array of every flexible request, one at a time, in a child process
+    (an abort there must not take pytest down)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", HUGE_ARRAY_PROBE, str(Path(__file__).resolve().parents[2])],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    refused = int(out.stdout.split()[-1])
+    assert refused > 100
+
+
 def _big_offsets() -> list[dict[str, object]]:
     """40 partitions of a topic named by 32,767 characters: 1.3 MB of offset records."""
     return [{"name": "x" * 32767, "partitions": [{"partition_index": i, "committed_offset": 1,

@@ -88,6 +88,8 @@ def decode_request(frame: bytes, supported: Mapping[int, tuple[int, int]] = SUPP
     req_t = request_type(api_key, api_version)
     try:
         header, pos = _reader(req_t.__header_schema__)(frame, 0)  # type: ignore[attr-defined]
+        if req_t.__flexible__:  # type: ignore[attr-defined]
+            _check_compact_arrays(frame, pos, req_t)
         body, pos = _reader(req_t)(frame, pos)
     except Exception as exc:  # kio raises assorted errors on garbage
         raise MalformedRequestError(f"cannot parse {api_key_map.get(api_key)} v{api_version}: {exc}") from exc
@@ -96,6 +98,96 @@ def decode_request(frame: bytes, supported: Mapping[int, tuple[int, int]] = SUPP
         raise MalformedRequestError(
             f"cannot parse {api_key_map.get(api_key)} v{api_version}: non-nullable field {null} was serialized as null")
     return Request(api_key, api_version, correlation_id, getattr(header, "client_id", None), body)
+
+
+# --- compact arrays longer than the frame ---------------------------------------------------------
+# kio's native reader reserves memory for a compact array's announced length before reading it: a
+# 40-byte request announcing 2**32 entries makes it allocate tens of GiB and abort the process (a Rust
+# allocation failure cannot be caught). Kafka's readers refuse a length above the bytes that remain.
+# So before kio runs, flexible request bodies are walked (lengths only, nothing is built) and every
+# compact array must announce at most as many entries as bytes remain. Legacy arrays are checked by kio.
+
+_FIXED = {"int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8,
+          "float64": 8, "bool": 1, "uuid": 16, "timedelta_i32": 4, "timedelta_i64": 8, "datetime_i64": 8}
+_LENGTH_PREFIXED = {"string", "bytes", "records"}
+
+
+class _FrameTooShort(Exception):
+    """The walk ran off the frame: kio will say why."""
+
+
+@cache
+def _layout(entity_type: type) -> tuple[tuple[str, bool, Any], ...]:
+    """Inline fields of a flexible entity in wire order: (kafka type or "entity", is array, entity
+    type or None). Tagged fields live in the tagged section and are skipped with it."""
+    hints = typing.get_type_hints(entity_type)
+    out: list[tuple[str, bool, Any]] = []
+    for f in dataclasses.fields(entity_type):
+        if "tag" in f.metadata:
+            continue
+        tp = hints[f.name]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        is_array = typing.get_origin(tp) is tuple
+        if is_array:
+            tp = typing.get_args(tp)[0]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            out.append(("entity", is_array, tp))
+        else:
+            out.append((f.metadata["kafka_type"], is_array, None))
+    return tuple(out)
+
+
+def _uvarint_at(frame: bytes, p: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if p >= len(frame) or shift > 63:
+            raise _FrameTooShort
+        b = frame[p]
+        p += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, p
+        shift += 7
+
+
+def _check_compact_arrays(frame: bytes, pos: int, entity_type: type) -> None:
+    try:
+        _walk_flexible(frame, pos, entity_type)
+    except _FrameTooShort:
+        pass
+
+
+def _walk_flexible(frame: bytes, p: int, entity_type: type) -> int:
+    n = len(frame)
+    for kind, is_array, nested in _layout(entity_type):
+        count = 1
+        if is_array:
+            raw, p = _uvarint_at(frame, p)
+            count = raw - 1  # 0 is null
+            if count > n - p:
+                raise MalformedRequestError(f"an array announces {count} entries with {n - p} bytes left")
+            if count <= 0:
+                continue
+        if nested is not None:
+            for _ in range(count):
+                p = _walk_flexible(frame, p, nested)
+        elif kind in _FIXED:
+            p += _FIXED[kind] * count
+        elif kind in _LENGTH_PREFIXED:
+            for _ in range(count):
+                raw, p = _uvarint_at(frame, p)
+                p += max(raw - 1, 0)
+        else:
+            raise _FrameTooShort  # a type this walk does not know: leave it to kio
+        if p > n:
+            raise _FrameTooShort
+    tags, p = _uvarint_at(frame, p)
+    for _ in range(tags):
+        _tag, p = _uvarint_at(frame, p)
+        size, p = _uvarint_at(frame, p)
+        p += size
+    return p
 
 
 @cache
