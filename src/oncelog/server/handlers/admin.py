@@ -22,11 +22,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("oncelog.server")
 
 
-def _message(exc: Exception) -> str:
-    """An error message that always encodes: messages may quote a client's string (a config name of
-    32,767 characters), and a legacy (non-flexible) string holds at most 32,767 bytes."""
-    text = str(exc)
+def short_message(text: str) -> str:
+    """An error message that always encodes: messages may quote a client's string (a config or topic
+    name of 32,767 characters), and a legacy (non-flexible) string holds at most 32,767 bytes."""
     return text if len(text) <= 1000 else text[:1000] + "..."
+
+
+def _message(exc: Exception) -> str:
+    return short_message(str(exc))
 
 
 def _storage_error(exc: Exception) -> ErrorCode:
