@@ -75,6 +75,8 @@ fuzz: setup
 		-p no:cacheprovider --timeout 0 tests/storage/test_power_cut.py
 	@if [ -n "$$ONCELOG_LAZYFS" ]; then $(MAKE) power-cut; \
 		else echo "fuzz: ONCELOG_LAZYFS is not set; the LazyFS power cuts were not run (make power-cut)"; fi
+	ONCELOG_FUZZ_SECONDS=$${ONCELOG_FUZZ_SECONDS:-1800} ONCELOG_FUZZ_SEED=$${SEED:-1} $(BIN)/python -m pytest -q \
+		-p no:cacheprovider --timeout 0 -s tests/server/test_fuzz_requests.py -k socket_fuzz
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -268,7 +268,7 @@ class PartitionLog:
     def append(self, records: bytes | bytearray, *, origin: AppendOrigin = AppendOrigin.CLIENT) -> AppendResult:
         """Validate and append whole batches; offsets are assigned here. See the module docstring."""
         self._check_online()
-        batches = rb.split_batches(records)
+        batches = rb.split_batches(records, from_client=origin is AppendOrigin.CLIENT)
         max_bytes = self.config.max_message_bytes
         controls: list[rb.ControlMarker | None] = []
         needs_producer_state = False
