@@ -71,7 +71,7 @@ class Job:
         if self.mode == "transactional":
             conf["transactional.id"] = f"bench-{self.tag}-{index}"
         if self.stats:
-            conf["statistics.interval.ms"] = 500
+            conf["statistics.interval.ms"] = 200
         return conf
 
 
@@ -142,6 +142,13 @@ class _ProducerThread:
                 self.samples.append(latency * 1000.0)
 
     def run(self, start: float) -> None:
+        try:
+            self._run(start)
+        except Exception as exc:  # a fenced or failed producer fails the run, it does not hang it
+            self.errors += 1
+            self.first_error = self.first_error or f"{type(exc).__name__}: {exc}"
+
+    def _run(self, start: float) -> None:
         job, p = self.job, self.producer
         end = start + job.duration_s
         self.warm_until = start + job.warmup_s
@@ -193,7 +200,7 @@ class _ProducerThread:
 
 class _ConsumerRun:
     def __init__(self, job: Job) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
         self.job = job
         self.consumer = Consumer({
@@ -201,11 +208,14 @@ class _ConsumerRun:
             "enable.partition.eof": True, "isolation.level": job.isolation, "fetch.max.bytes": 52_428_800,
             "max.partition.fetch.bytes": 10_485_760, "fetch.wait.max.ms": 100, "log_level": 3})
         self.consumer.list_topics(job.topic, timeout=30)
-        self.assignment = [TopicPartition(job.topic, p, OFFSET_END if job.latency else OFFSET_BEGINNING)
-                           for p in job.partitions]
-        if job.latency:  # listen from the live end before the producers start
+        if job.latency:  # listen from the live end (resolved now, before the producers start)
+            self.assignment = [
+                TopicPartition(job.topic, p, self.consumer.get_watermark_offsets(TopicPartition(job.topic, p),
+                                                                                 timeout=30)[1])
+                for p in job.partitions]
             self.consumer.assign(self.assignment)
-            self.consumer.consume(1, 0.5)
+        else:
+            self.assignment = [TopicPartition(job.topic, p, OFFSET_BEGINNING) for p in job.partitions]
 
     def run(self, start: float, result: Result) -> None:
         job, c = self.job, self.consumer
@@ -214,10 +224,15 @@ class _ConsumerRun:
         eof: set[int] = set()
         samples = array("d")
         warm_ns = int((start + job.warmup_s) * 1e9)
-        stop = start + (job.duration_s + 2.0 if job.latency else 300.0)
+        # latency: listen a little past the producers' end, for the last records' trip
+        stop = start + (job.duration_s + min(max(job.duration_s, 0.5), 2.0) if job.latency else 300.0)
         records = nbytes = 0
         while time.monotonic() < stop:
-            for m in c.consume(10_000, 0.1):
+            # consume(n, timeout) waits for n records or the timeout: a latency run takes each record
+            # as soon as it is there
+            for m in ([c.poll(0.05)] if job.latency else c.consume(10_000, 0.1)):
+                if m is None:
+                    continue
                 err = m.error()
                 if err is not None:
                     if err.code() == -191:  # _PARTITION_EOF
@@ -359,7 +374,7 @@ class ClientPool:
                 except BenchError:
                     pass
             raise failure
-        start = time.monotonic() + 0.1
+        start = time.monotonic() + 0.05
         for i in range(len(jobs)):
             self.conns[i].send(("go", start))
         if on_start is not None:

@@ -308,9 +308,13 @@ def _lighter(color: str) -> str:
     return "#" + "".join(f"{int(c + (255 - c) * 0.55):02x}" for c in (r, g, b))
 
 
-def _html_table(head: list[str], rows: list[list[str]]) -> str:
+def _html_table(head: list[str], rows: list[list[str]], text_last: bool = False) -> str:
+    """A table of figures (right-aligned); ``text_last``: the last column is prose (left-aligned)."""
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    left = ' style="text-align:left"'
+    body = "".join("<tr>" + "".join(
+        f'<td{left if text_last and i == len(row) - 1 else ""}>{c}</td>'
+        for i, c in enumerate(row)) + "</tr>" for row in rows)
     return f'<table class="num"><tr>{th}</tr>{body}</table>'
 
 
@@ -350,7 +354,7 @@ def write_html(doc: dict[str, Any], out: Path, chart_list: list[tuple[str, str, 
         keys += [k for k in item["values"] if k not in keys]
     ratio_rows = [[e(item["ratio"]), *[f"{v:.2f}" if (v := item["values"].get(k)) else "" for k in keys],
                    e(item["meaning"])] for item in ratios(doc)]
-    ratio_table = _html_table(["ratio", *keys, "how to read it"], ratio_rows)
+    ratio_table = _html_table(["ratio", *keys, "how to read it"], ratio_rows, text_last=True)
     sections: dict[str, list[str]] = {}
     for file, section, chart in chart_list:
         sections.setdefault(section, []).append(chart.img(file.replace("-", " ")))

@@ -80,7 +80,7 @@ class Plan:
 
     @classmethod
     def quick_plan(cls) -> Plan:
-        return cls(quick=True, duration_s=0.6, latency_s=0.6, warmup_s=0.15, partition_points=(1, 10),
+        return cls(quick=True, duration_s=0.4, latency_s=0.5, warmup_s=0.1, partition_points=(1, 10),
                    producer_points=((1, 1), (2, 2)), size_points=(100, 10_240), scale_target=False,
                    pipeline_records=0)
 
@@ -171,8 +171,8 @@ class Bench:
 
     def _run(self, broker: Broker, jobs: list[Job]) -> tuple[RunResult, CpuSample, CpuSample]:
         self.runs += 1
-        for j in jobs:
-            j.tag = f"{self.tag}-{self.runs}"
+        for i, j in enumerate(jobs):  # transactional ids and group ids unique per run and process
+            j.tag = f"{self.tag}-{self.runs}-{i}"
         box: dict[str, CpuSample] = {}
         run = self.pool.run(jobs, on_start=lambda: box.update(a=CpuSample.take(broker.pid)))
         after = CpuSample.take(broker.pid)
