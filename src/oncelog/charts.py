@@ -474,7 +474,7 @@ def quantile_chart(title: str, tables: Mapping[str, Sequence[tuple[float, float]
     if len(tables) > 4:
         ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     elif tables:
-        ax.legend(fontsize=8, frameon=False, loc="upper left")
+        ax.legend(fontsize=8, frameon=False, loc="lower right")
     return _png(fig, canvas)
 
 

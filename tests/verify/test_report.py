@@ -67,7 +67,7 @@ def test_a_clean_history_reports_no_anomaly_with_every_chart(tmp_path: Path) -> 
     out = tmp_path / "r.html"
     write_html(out, h, report, "clean")
     page = out.read_text()
-    assert "No anomaly found." in page
+    assert "Verdict: no anomaly found." in page
     for alt in ("operations over time", "operations per second", "latency over time", "latency by percentile"):
         assert f'alt="{alt}"' in page
     assert "<area" not in page and 'id="anomaly-' not in page
@@ -87,7 +87,7 @@ def test_every_anomaly_is_listed_with_its_operations_and_linked_from_the_timelin
     out = tmp_path / "r.html"
     write_html(out, h, report, "bad")
     page = out.read_text()
-    assert f"{len(report.anomalies):,} anomalies." in page
+    assert f"Verdict: {len(report.anomalies):,} anomalies." in page
     for i, a in enumerate(report.anomalies, 1):
         item = re.search(rf'<li id="anomaly-{i}">(.*?)</li>', page, re.S)
         assert item, f"anomaly {i} is not listed"

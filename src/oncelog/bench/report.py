@@ -24,6 +24,11 @@ LIMIT_TEXT = {
 }
 
 
+def mb(thr: dict[str, Any]) -> str:
+    """MB/s, marked with "!" when records timed out (the broker fell behind the producers' queue)."""
+    return _f(thr["mb_per_s"]) + ("!" if thr.get("timed_out") else "")
+
+
 def _f(v: Any, digits: int = 1) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
@@ -117,7 +122,8 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
               caption="CPU: % of one core over the run (clients: all client processes; others: the rest of the "
                       f"machine, {cond['cpus']} cores). Latency p50 / p99 / p99.9 in ms at fixed rates, the same "
                       "for both brokers (a fraction of the lower peak); produce rows: acknowledgement, consume "
-                      "rows: produce-to-consume.")
+                      "rows: produce-to-consume. MB/s marked ! : some records were not acknowledged within "
+                      "60 s (message.timeout.ms): the broker fell behind.")
     for col, justify in [("workload", "left"), ("broker", "left"), ("MB/s", "right"), ("records/s", "right"),
                          ("vs tansu", "right"), ("rec/batch", "right"), ("CPU broker", "right"),
                          ("CPU clients", "right"), ("CPU others", "right"), ("limited by", "left")]:
@@ -138,7 +144,7 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
                 rr = ratio(thr["records_per_s"], _thr(doc, name, "tansu"))
                 vs = f"{rr:.2f}x" if rr else "-"
             cpu = thr["cpu"]
-            t.add_row(label, broker, _f(thr["mb_per_s"]), _f(thr["records_per_s"], 0), vs,
+            t.add_row(label, broker, mb(thr), _f(thr["records_per_s"], 0), vs,
                       _f(thr.get("batch_records_avg"), 0) if "batch_records_avg" in thr else "",
                       f"{cpu['broker_pct']:.0f}%", f"{cpu['clients_pct']:.0f}%", f"{cpu['others_pct']:.0f}%",
                       thr["limited_by"], *lat, end_section=i == len(names) - 1)
@@ -173,7 +179,7 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
             for broker in names:
                 e = point["brokers"].get(broker, {})
                 thr, point_lat = e.get("throughput"), e.get("latency") or {}
-                cells += [_f(thr["mb_per_s"]) if thr else "[red]failed[/red]",
+                cells += [mb(thr) if thr else "[red]failed[/red]",
                           _f(thr["records_per_s"], 0) if thr else "",
                           _ms(point_lat.get("p99")) if point_lat.get("n") else "-",
                           thr["limited_by"] if thr else ""]
@@ -286,7 +292,7 @@ def make_charts(doc: dict[str, Any]) -> list[tuple[str, str, Chart]]:
         if tables:
             kind = "produce-to-consume" if r["kind"] == "consume" else "acknowledgement"
             out.append((f"latency-{name}", "latency", charts.quantile_chart(
-                f"{r['label']}: {kind} latency by percentile", tables, colors=colors)))
+                f"{r['label']}: {kind}", tables, colors=colors, ylabel=f"{kind} latency, ms (log scale)")))
     for name, curve in doc.get("curves", {}).items():
         for file, chart in _curve_charts(name, curve, names, plan["curve_fraction"]):
             out.append((file, "curves", chart))
@@ -340,7 +346,7 @@ def write_html(doc: dict[str, Any], out: Path, chart_list: list[tuple[str, str, 
                 rr = ratio(thr["records_per_s"], _thr(doc, name, "tansu"))
                 vs = f"{rr:.2f}x" if rr else "-"
             cpu = thr["cpu"]
-            rows_html.append([label, e(broker), _f(thr["mb_per_s"]), _f(thr["records_per_s"], 0), vs,
+            rows_html.append([label, e(broker), mb(thr), _f(thr["records_per_s"], 0), vs,
                               _f(thr.get("batch_records_avg"), 0) if "batch_records_avg" in thr else "",
                               f"{cpu['broker_pct']:.0f}%", f"{cpu['clients_pct']:.0f}%",
                               f"{cpu['others_pct']:.0f}%",
@@ -384,7 +390,9 @@ Records of {plan['size']} B, {plan['partitions']} partitions, {plan['processes']
 <ul>{brokers}</ul>
 <h2>Workloads</h2>
 <p>Producers: acks=all, linger.ms=5, batch.size=1 MiB, at most 5 requests in flight for every mode, so the
-ratios between modes are the cost of the guarantee at the same batching. "limited by" says who ran out:</p>
+ratios between modes are the cost of the guarantee at the same batching. MB/s marked "!": some records were not
+acknowledged within 60 s (<code>message.timeout.ms</code>), the broker fell behind. "limited by" says who ran
+out:</p>
 <ul>{limits}</ul>
 {main}
 <div class="row">{"".join(sections.get("rows", []))}</div>

@@ -26,7 +26,7 @@ from typing import Any
 from oncelog.bench.clients import BenchError, ClientPool, Job, RunResult
 from oncelog.bench.cpu import CpuSample, CpuUse, cpu_count
 from oncelog.charts import quantile_table
-from oncelog.testing.broker_process import BrokerProcess, create_topic
+from oncelog.testing.broker_process import BrokerProcess
 
 Progress = Callable[[str], None]
 
@@ -112,9 +112,15 @@ class Broker:
         return self.process.bootstrap
 
     def topic(self, what: str, partitions: int) -> str:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
         self.topics += 1
         name = f"bench-{self.topics}-{what}"
-        create_topic(self.bootstrap, name, partitions)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})  # must outlive the future
+        try:
+            admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=60)
+        except Exception as exc:
+            raise BenchError(f"cannot create topic {name} ({partitions} partitions): {exc}") from exc
         return name
 
     def delete(self, topic: str) -> None:
@@ -122,7 +128,7 @@ class Broker:
         try:
             from confluent_kafka.admin import AdminClient
 
-            admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 2})
+            admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})
             admin.delete_topics([topic])[topic].result(timeout=15)
         except Exception:
             pass
@@ -146,7 +152,8 @@ def _summary(run: RunResult, before: CpuSample, after: CpuSample, broker: Broker
     out: dict[str, Any] = {
         "records": records, "bytes": nbytes, "seconds": round(run.seconds, 4),
         "mb_per_s": round(nbytes / run.seconds / 1e6, 3), "records_per_s": round(records / run.seconds, 1),
-        "cpu": asdict(cpu), "limited_by": limited_by(cpu, broker.cores), "processes": len(run.results)}
+        "cpu": asdict(cpu), "limited_by": limited_by(cpu, broker.cores), "processes": len(run.results),
+        "timed_out": sum(r.timed_out for r in run.results)}
     batches = sum(r.batches for r in run.results)
     if batches:
         out["batch_records_avg"] = round(sum(r.batch_records for r in run.results) / batches, 1)
@@ -275,11 +282,15 @@ class Bench:
             return
         row["peak_records_per_s"] = peak
         for broker in self.brokers:
-            topic = broker.topic(f"{name}-lat", plan.partitions)
+            entry = row["brokers"].setdefault(broker.name, {"latency": {}})
+            try:
+                topic = broker.topic(f"{name}-lat", plan.partitions)
+            except BenchError as exc:
+                entry["latency"] = {f"{f * 100:g}%": {"error": str(exc)} for f in plan.fractions}
+                continue
             for fraction in plan.fractions:
                 label = f"{fraction * 100:g}%"
                 self.progress(f"{spec.label} on {broker.name}: latency at {label} of the peak")
-                entry = row["brokers"].setdefault(broker.name, {"latency": {}})
                 try:
                     entry["latency"][label] = self.latency(
                         broker, topic, plan.partitions, peak * fraction, mode=spec.mode, processes=plan.processes,

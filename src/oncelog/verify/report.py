@@ -353,8 +353,8 @@ def write_html(path: Path, history: History, report: Report, title: str) -> None
                      f'<a href="#timeline">(timeline)</a>{op_table}{zoom}</li>')
     more = (f"<p>… and {len(report.anomalies) - LISTED:,} more (<code>oncelog verify --check HISTORY</code> "
             "lists them all).</p>" if len(report.anomalies) > LISTED else "")
-    verdict = ('<p class="good">No anomaly found.</p>' if report.ok else
-               f'<p class="bad">{len(report.anomalies):,} anomalies.</p>')
+    verdict = ('<p class="good">Verdict: no anomaly found.</p>' if report.ok else
+               f'<p class="bad">Verdict: {len(report.anomalies):,} anomalies.</p>')
     legend_faults = ", ".join(f'<span style="background:{c.rstrip("/")}38;padding:0 .4em">{e(k)}</span>'
                               for k, c in FAULT_COLORS.items() if k in faults)
     body = f"""{verdict}
