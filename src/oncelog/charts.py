@@ -204,7 +204,7 @@ def line_chart(title: str, series: Sequence[Series], *, xlabel: str, ylabel: str
                width_px: int = 640, height_px: int = 380, annotate: bool = False, note: str = "") -> Chart:
     """Lines with markers, one per series; ``annotate`` writes each point's value beside it;
     ``windows`` shades stretches of the x axis (fault windows on a time axis)."""
-    fig, canvas = _figure(width_px, height_px, bottom=64 if note else 50)
+    fig, canvas = _figure(width_px, height_px, bottom=64 if note else 50, right=190 if windows else 20)
     ax = fig.add_subplot()
     _style(ax, title, xlabel, ylabel)
     xs = [x for s in series for x in s.x]
@@ -234,7 +234,9 @@ def line_chart(title: str, series: Sequence[Series], *, xlabel: str, ylabel: str
         for kind, h in handles.items():
             lines.append(h)
             labels.append(kind)
-        if lines:
+        if lines and windows:
+            ax.legend(lines, labels, fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        elif lines:
             ax.legend(lines, labels, fontsize=8, frameon=False, loc="best")
     if note:
         fig.text(0.01, 0.005, note, fontsize=8, color="#555555", ha="left", va="bottom")

@@ -185,7 +185,7 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
                           thr["limited_by"] if thr else ""]
             label = f"{point['processes']}x{point['per_process']}" if name == "producers" else f"{x:,}"
             if name == "scale target":
-                label = f"{point['partitions']} partitions, {point['producers']} producers"
+                label = f"{point['partitions']:,} partitions, {point['producers']} producer(s)"
             c.add_row(label, *cells)
         console.print(c)
 
@@ -209,9 +209,27 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
 
 # --- HTML and charts -------------------------------------------------------------------------------
 
+def _target_charts(curve: dict[str, Any], names: list[str], fraction: float) -> list[tuple[str, Chart]]:
+    """Two points that are not a scale: bars, not a line."""
+    cats = [f"{p['partitions']:,} partitions\n{p['producers']} producer{'s' if p['producers'] != 1 else ''}"
+            for p in curve["points"]]
+    thr = {b: [p["brokers"].get(b, {}).get("throughput", {}).get("mb_per_s") for p in curve["points"]]
+           for b in names}
+    p99 = {b: [(p["brokers"].get(b, {}).get("latency") or {}).get("p99") for p in curve["points"]] for b in names}
+    return [("curve-scale-target-throughput", charts.bar_chart(
+                "Throughput: 3 partitions x 1 producer against 1,000 x 100", cats, thr, ylabel="MB/s (acknowledged)",
+                colors=BROKER_COLORS, fmt="{:.1f}")),
+            ("curve-scale-target-p99", charts.bar_chart(
+                "p99 acknowledgement latency at scale (ms, log scale)", cats, p99, ylabel="ms", logy=True,
+                colors=BROKER_COLORS,
+                note=f"at {fraction * 100:g}% of the lower of the two brokers' peaks at each point, linger.ms=0"))]
+
+
 def _curve_charts(name: str, curve: dict[str, Any], names: list[str], fraction: float) -> list[tuple[str, Chart]]:
+    if name == "scale target":
+        return _target_charts(curve, names, fraction)
     xs = curve["x"]
-    logx = name != "scale target"
+    logx = True
     thr, p99, recs = [], [], []
     for broker in names:
         mb = [p["brokers"].get(broker, {}).get("throughput", {}).get("mb_per_s") for p in curve["points"]]

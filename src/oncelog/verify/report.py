@@ -235,7 +235,8 @@ def _rates(h: History, end_s: float) -> list[Series]:
         if not p.final:
             add("poll", p.time_ms)
     xs = [i + 0.5 for i in range(bins)]
-    labels = {"committed": "txn committed", "aborted": "txn aborted", "unknown": "txn unknown"}
+    labels = {"committed": "txn committed", "aborted": "txn aborted", "unknown": "txn unknown",
+              "poll": "poll (returning records)"}
     return [Series(labels.get(k, k), xs, v, color=COLORS[k], marker="") for k, v in counts.items() if any(v)]
 
 
@@ -308,9 +309,15 @@ def write_html(path: Path, history: History, report: Report, title: str) -> None
     timeline = charts.timeline(
         "Operations over time", all_rows, spans=spans, points=points, windows=windows, markers=markers,
         colors=COLORS, window_colors=FAULT_COLORS, x_range=x_range, width_px=1340, row_px=34)
-    rates = charts.line_chart(
-        "Operations per second (1 s bins), faults shaded", _rates(h, end_s), xlabel="time since the start (s)",
-        ylabel="operations / s", windows=windows, window_colors=FAULT_COLORS, width_px=1340, height_px=340)
+    rate_series = _rates(h, end_s)  # transactions apart: sends outnumber them ten to one
+    txn_rates = charts.line_chart(
+        "Transactions per second by outcome (1 s bins), faults shaded",
+        [r for r in rate_series if r.label.startswith("txn")], xlabel="time since the start (s)",
+        ylabel="transactions / s", windows=windows, window_colors=FAULT_COLORS, width_px=1340, height_px=300)
+    op_rates = charts.line_chart(
+        "Sends and polls per second (1 s bins), faults shaded",
+        [r for r in rate_series if not r.label.startswith("txn")], xlabel="time since the start (s)",
+        ylabel="operations / s", windows=windows, window_colors=FAULT_COLORS, width_px=1340, height_px=300)
 
     latencies = _latencies(h)
     lat_series = [Series(k, [p[0] for p in v], [p[1] for p in v], color=LATENCY_COLORS[k])
@@ -369,7 +376,8 @@ coloured by the outcome the client saw. Ticks below a bar: sends (acknowledged o
 polls and offset read-backs. Shaded: fault windows ({legend_faults or "none"}). Red crosses: the
 operations each listed anomaly names (click one to read it).</p>
 {timeline.img("operations over time", map_name="ops-map")}
-{rates.img("operations per second")}
+{txn_rates.img("transactions per second")}
+{op_rates.img("operations per second")}
 <h2>Latency per operation type</h2>
 <p>Commit: from commit (or abort) requested to its answer. Send → acknowledged: a producer transaction's last
 send until its flush returned (an upper bound on that send's acknowledgement latency; the history keeps no
