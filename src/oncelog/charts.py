@@ -344,6 +344,7 @@ def timeline(title: str, rows: Sequence[str], *, spans: Sequence[Span] = (), poi
     for instantaneous ones (``points``), shaded ``windows`` (faults) behind them, and ``markers``
     (anomalies) on top; only the first ``labelled_markers`` markers carry their label as text, every
     marker gets a clickable box in the returned chart."""
+    rows = list(rows) or ["(none)"]
     n_entries = len({s.category for s in spans} | {p.category for p in points} | {w.kind for w in windows}) + 1
     height_px = max(220, 120 + row_px * len(rows), 70 + 19 * n_entries)  # room for the legend
     fig, canvas = _figure(width_px, height_px, left=24 + 7 * max((len(r) for r in rows), default=4), right=190)

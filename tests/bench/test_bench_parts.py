@@ -119,3 +119,14 @@ def test_the_report_is_written_from_the_json_alone(tmp_path: Path) -> None:
     assert page.count("<img ") == len(make_charts(doc)) == len(list(tmp_path.glob("*.png")))
     assert "client process 0: boom" in page and "spark failed" in page
     assert (tmp_path / "pipeline.png").exists() and (tmp_path / "curve-scale-target-p99.png").exists()
+
+
+@pytest.mark.parametrize(("args", "why"), [(["--rows", "bogus"], "unknown rows"), (["--size", "0"], "must be positive"),
+                                           (["--out", "/proc/no/such"], "cannot write to --out")])
+def test_bad_options_exit_2_with_one_line(args: list[str], why: str) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "oncelog", "bench", *args], capture_output=True, text=True, timeout=60)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and why in lines[0], (r.returncode, r.stderr)

@@ -10,6 +10,7 @@ asserts a time. docs/design/performance.md says how to read every column.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -37,19 +38,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--quick 0)")
 
 
+class UsageError(Exception):
+    """A bad option (exit code 2)."""
+
+
 def plan_from(args: argparse.Namespace) -> Plan:
     plan = Plan.quick_plan() if args.quick else Plan.full()
     rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
-        raise SystemExit(f"error: oncelog bench: unknown rows {unknown}; choose from {', '.join(ROWS)}")
+        raise UsageError(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
     changes: dict[str, Any] = {"rows": tuple(r for r in ROWS if r in rows), "curves": not args.no_curves}
     for option, attr in (("size", "size"), ("partitions", "partitions"), ("processes", "processes"),
                          ("duration", "duration_s"), ("pipeline_records", "pipeline_records")):
         value = getattr(args, option)
         if value is not None:
             if value < 0 or (value == 0 and option != "pipeline_records"):
-                raise SystemExit(f"error: oncelog bench: --{option.replace('_', '-')} must be positive")
+                raise UsageError(f"--{option.replace('_', '-')} must be positive")
             changes[attr] = value
     return replace(plan, **changes)
 
@@ -61,13 +66,16 @@ def run(args: argparse.Namespace) -> int:
     from oncelog.bench.cpu import cpu_count
     from oncelog.bench.report import print_tables, write_all
 
-    plan = plan_from(args)
-    console = Console()
     try:
+        plan = plan_from(args)
         ensure_writable(args.out)
-    except OSError as exc:
-        console.print(f"error: oncelog bench: cannot write to --out {args.out}: {exc.strerror or exc}")
+    except UsageError as exc:
+        print(f"error: oncelog bench: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"error: oncelog bench: cannot write to --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    console = Console()
     began = time.monotonic()
     brokers: list[Broker] = []
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as tmp, \

@@ -125,8 +125,9 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
                       "rows: produce-to-consume. MB/s marked ! : some records were not acknowledged within "
                       "60 s (message.timeout.ms): the broker fell behind.")
     for col, justify in [("workload", "left"), ("broker", "left"), ("MB/s", "right"), ("records/s", "right"),
-                         ("vs tansu", "right"), ("rec/batch", "right"), ("CPU broker", "right"),
-                         ("CPU clients", "right"), ("CPU others", "right"), ("limited by", "left")]:
+                         ("vs tansu" if "tansu" in names else "", "right"), ("rec/batch", "right"),
+                         ("CPU broker", "right"), ("CPU clients", "right"), ("CPU others", "right"),
+                         ("limited by", "left")]:
         t.add_column(col, justify=justify)  # type: ignore[arg-type]
     for fraction in fractions:
         t.add_column(f"@{fraction} of peak (ms)", justify="right")
@@ -163,7 +164,8 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
     for item in ratios(doc):
         rt.add_row(item["ratio"], *[f"{v:.2f}" if (v := item["values"].get(k)) else "" for k in keys],
                    item["meaning"])
-    console.print(rt)
+    if rt.row_count:
+        console.print(rt)
 
     for name, curve in doc.get("curves", {}).items():
         c = Table(title=f"{name}: throughput (MB/s) and p99 ack latency at "
