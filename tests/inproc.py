@@ -157,12 +157,12 @@ class InProcessBroker:
             "forgotten_topics_data": [], "rack_id": ""})
         return r.responses[0].partitions[0]
 
-    def visible_values(self, topic: str, partition: int, *, read_committed: bool = True) -> list[bytes]:
-        """Every record value a read_committed (or read_uncommitted) consumer would deliver, in order:
-        control records and, for read_committed, aborted transactions' records dropped as librdkafka
-        drops them (by the AbortedTransactions list of each fetch)."""
+    def visible_values(self, topic: str, partition: int, *, read_committed: bool = True,
+                       offset: int = 0) -> list[bytes]:
+        """Every record value a read_committed (or read_uncommitted) consumer would deliver from
+        ``offset``, in order: control records and, for read_committed, aborted transactions' records
+        dropped as librdkafka drops them (by the AbortedTransactions list of each fetch)."""
         out: list[bytes] = []
-        offset = 0
         while True:
             part = self.fetch(topic, partition, offset, read_committed=read_committed)
             assert part.error_code == 0, f"fetch {topic}-{partition}@{offset}: error {part.error_code}"

@@ -12,9 +12,11 @@ import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("oncelog.server.cli", "run the Kafka-compatible broker in the foreground"),
-    "topics": ("oncelog.admin.topics_cli", "create, list, describe or delete topics on a running broker"),
+    "topics": ("oncelog.admin.topics_cli", "create, list, describe, alter or delete topics on a running broker"),
+    "records": ("oncelog.admin.records_cli", "delete a partition's records before an offset (DeleteRecords)"),
     "groups": ("oncelog.admin.groups_cli", "list or describe consumer groups on a running broker"),
     "transactions": ("oncelog.admin.transactions_cli", "list, describe, find-hanging or abort transactions"),
+    "users": ("oncelog.admin.users_cli", "add, list or delete SCRAM users in a stopped broker's data directory"),
     "demo": ("oncelog.demo.cli", "run the exactly-once pipeline under injected faults and report"),
     "verify": ("oncelog.verify.cli", "run a fault-injecting workload against a broker and check its history"),
     "bench": ("oncelog.bench.cli", "measure throughput side by side"),

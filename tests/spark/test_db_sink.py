@@ -44,10 +44,11 @@ def test_url_picks_the_backend(tmp_path: Path) -> None:
 def test_upsert_by_user_key_and_skip_replayed_batch(db_url: str) -> None:
     sink = database_sink(db_url, "totals", "q", key_columns=["account"])
     assert sink.apply([{"account": "a", "total": 5}, {"account": "b", "total": 1}], 0)
-    assert not sink.apply([{"account": "a", "total": 999}], 0), "a replayed batch must be skipped"
+    assert not sink.apply([{"account": "a", "total": 999}, {"account": "b", "total": 0}], 0), \
+        "a replayed batch (same row count) must be skipped, even with other values"
     assert sink.apply([{"account": "a", "total": 7}], 1)
     assert dict(query(db_url, "SELECT account, total FROM totals")) == {"a": 7, "b": 1}  # type: ignore[arg-type]
-    assert query(db_url, "SELECT COUNT(*) FROM oncelog_batches") == [(2,)]
+    assert query(db_url, "SELECT COUNT(*) FROM oncelog_sink_batches") == [(2,)]
     other = database_sink(db_url, "totals", "another-query", key_columns=["account"])
     assert other.apply([{"account": "c", "total": 3}], 0), "batch ids are per query"
 
@@ -68,7 +69,7 @@ def test_a_failed_batch_is_rolled_back_whole(db_url: str) -> None:
         sink.apply([{"total": 2}], 1)
     with pytest.raises(ValueError, match="same columns"):
         sink.apply([{"account": "a", "total": 2}, {"account": "b", "other": 1}], 1)
-    assert query(db_url, "SELECT COUNT(*) FROM oncelog_batches") == [(1,)], "no marker for a failed batch"
+    assert query(db_url, "SELECT COUNT(*) FROM oncelog_sink_batches") == [(1,)], "no marker for a failed batch"
     assert sink.apply([{"account": "a", "total": 2}], 1), "the retry of the failed batch is applied"
     assert dict(query(db_url, "SELECT account, total FROM totals")) == {"a": 2}  # type: ignore[arg-type]
 
@@ -90,7 +91,7 @@ def test_racing_attempts_of_one_batch_apply_it_once(db_url: str) -> None:
     for t in threads:
         t.join(60)
     assert sorted(results) == [False, False, False, True]
-    assert query(db_url, "SELECT COUNT(*) FROM oncelog_batches WHERE batch_id = 1") == [(1,)]
+    assert query(db_url, "SELECT COUNT(*) FROM oncelog_sink_batches WHERE batch_id = 1") == [(1,)]
 
 
 def test_postgres_sink_reports_an_unreachable_server() -> None:
@@ -101,3 +102,30 @@ def test_postgres_sink_reports_an_unreachable_server() -> None:
     sink = database_sink(f"postgresql://nobody@127.0.0.1:{free_port()}/db?connect_timeout=2", "t", "q")
     with pytest.raises(psycopg.OperationalError):
         sink.apply([{"topic": "t", "partition": 0, "offset": 0}], 0)
+
+
+def test_two_tables_of_one_query_id_both_apply(db_url: str) -> None:
+    """One query writing each batch to two tables under one query id: the second is not skipped."""
+    first = database_sink(db_url, "t1", "q", key_columns=["k"])
+    second = database_sink(db_url, "t2", "q", key_columns=["k"])
+    assert first.apply([{"k": "a", "v": 1}], 0)
+    assert second.apply([{"k": "a", "v": 2}], 0), "second table's batch skipped"
+    assert query(db_url, "SELECT k, v FROM t2") == [("a", 2)]
+
+
+def test_a_higher_applied_batch_fails_unless_accepted(db_url: str) -> None:
+    sink = database_sink(db_url, "t", "q", key_columns=["k"])
+    assert sink.apply([{"k": "a", "v": 1}], 5)
+    with pytest.raises(RuntimeError, match=r"batch 5 is already applied while Spark writes batch 3.*rewound"):
+        sink.apply([{"k": "a", "v": 9}], 3)
+    lenient = database_sink(db_url, "t", "q", key_columns=["k"], fail_on_higher_committed_batch=False)
+    assert not lenient.apply([{"k": "a", "v": 9}], 3)
+    assert query(db_url, "SELECT k, v FROM t") == [("a", 1)]
+
+
+def test_a_replay_with_another_row_count_fails(db_url: str) -> None:
+    sink = database_sink(db_url, "t", "q", key_columns=["k"])
+    assert sink.apply([{"k": "a"}, {"k": "b"}], 0)
+    assert not sink.apply([{"k": "a"}, {"k": "b"}], 0)
+    with pytest.raises(RuntimeError, match="applied with 2 rows but its replay has 3"):
+        sink.apply([{"k": "a"}, {"k": "b"}, {"k": "c"}], 0)

@@ -76,3 +76,56 @@ def test_open_transaction_below_the_end_times_out(broker: BrokerProcess) -> None
         c.close()  # type: ignore[attr-defined]
         p.abort_transaction(30)
     assert time.monotonic() - t0 < 15
+
+
+class _SlowConsumer:
+    """A consumer stand-in delivering one record per poll on a manual clock that advances 0.4 s a poll."""
+
+    def __init__(self, clock: list[float], stall_at: int | None = None) -> None:
+        self.clock = clock
+        self.next = 0
+        self.stall_at = stall_at
+
+    def assign(self, parts: object) -> None:
+        pass
+
+    def consume(self, num_messages: int, timeout: float) -> list[object]:
+        self.clock[0] += 0.4
+        if self.stall_at is not None and self.next >= self.stall_at:
+            return []
+        m = _Msg(self.next)
+        self.next += 1
+        return [m]
+
+    def position(self, parts: list[object]) -> list[object]:
+        import types
+
+        return [types.SimpleNamespace(offset=self.next)]
+
+
+class _Msg:
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def error(self) -> None:
+        return None
+
+    def offset(self) -> int:
+        return self._offset
+
+
+def test_a_long_range_that_keeps_moving_does_not_time_out() -> None:
+    """The deadline is a stall timeout: 20 records at 0.4 s each take 8 s against a 1 s timeout."""
+    clock = [0.0]
+    got = [m.offset() for msgs in consume_range(_SlowConsumer(clock), "t", 0, 0, 20, timeout_s=1.0, max_messages=5,
+                                                clock=lambda: clock[0]) for m in msgs]
+    assert got == list(range(20)) and clock[0] >= 8
+
+
+def test_a_range_that_stops_moving_times_out() -> None:
+    clock = [0.0]
+    with pytest.raises(TimeoutError, match="stuck at offset 5 below 20"):
+        for _ in consume_range(_SlowConsumer(clock, stall_at=5), "t", 0, 0, 20, timeout_s=1.0, max_messages=5,
+                               clock=lambda: clock[0]):
+            pass
+    assert clock[0] < 5

@@ -166,3 +166,97 @@ def test_foreach_batch_update_mode_counts_once_per_batch(mod_broker: BrokerProce
         assert dict(conn.execute("SELECT user, cnt FROM counts").fetchall()) == {f"u{i}": 20 for i in range(4)}
     last = {k: int(v or b"0") for k, v in read_topic(bs, "click-counts")}
     assert last == {b"u%d" % i: 20 for i in range(4)}
+
+
+def test_one_query_writes_each_batch_to_two_topics_and_two_tables_under_one_query_id(
+        mod_broker: BrokerProcess, spark: Any, tmp_path: Path) -> None:
+    """The issue's case: ``kafka_foreach_batch(..., query_id="q")`` to two topics and
+    ``database_sink(db, table, "q")`` to two tables of one database, each batch; before sink
+    identities the second topic got nothing and the second table was never created. The progress
+    topic exists with 2 partitions while the batches have 4: the helpers adopt its count."""
+    import sqlite3
+
+    from oncelog.spark.foreach_batch import database_sink, kafka_foreach_batch
+
+    bs = mod_broker.bootstrap
+    create_topic(bs, "fan-in", 2)
+    create_topic(bs, "fan-a", 1)
+    create_topic(bs, "fan-b", 1)
+    create_topic(bs, "progress-fan", 2)
+    records = [(b"k%d" % (i % 9), b"v%d" % i) for i in range(300)]
+    produce_transactions(bs, "fan-in", records, per_txn=25, abort_every=4, partitions=2)
+    opts = {"progress.topic": "progress-fan"}
+    to_a = kafka_foreach_batch(bs, "fan-a", "q", options=opts)
+    to_b = kafka_foreach_batch(bs, "fan-b", "q", options=opts)
+    assert to_a.settings.progress_partitions == 2
+    db = tmp_path / "fan.sqlite"
+    t1, t2 = database_sink(str(db), "t1", "q"), database_sink(str(db), "t2", "q")
+    skipped: list[int] = []
+
+    def fan_out(df: Any, batch_id: int) -> None:
+        df = df.selectExpr("key", "value", "topic", "partition", "offset").repartition(4, "key").cache()
+        for sink in (to_a, to_b):
+            sink(df.select("key", "value"), batch_id)
+            skipped.extend(sink.last_commit.skipped if sink.last_commit else [])
+        for table in (t1, t2):
+            table(df.selectExpr("topic", "partition", "offset", "CAST(value AS STRING) AS value"), batch_id)
+        df.unpersist()
+
+    q = (spark.readStream.format("oncelog").option("kafka.bootstrap.servers", bs).option("subscribe", "fan-in")
+         .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "100").load()
+         .writeStream.foreachBatch(fan_out).option("checkpointLocation", str(tmp_path / "ck"))
+         .trigger(availableNow=True).start())
+    q.awaitTermination(180)
+    assert q.exception() is None, q.exception()
+    want = Counter(v for _k, v in records)
+    for topic in ("fan-a", "fan-b"):
+        assert Counter(v for _k, v in read_topic(bs, topic)) == want, topic
+    with sqlite3.connect(db) as conn:
+        for table in ("t1", "t2"):
+            assert Counter(r[0].encode() for r in conn.execute(f"SELECT value FROM {table}")) == want, table
+    assert skipped == []
+    progress_parts = {p for p, _o, _v in committed_with_offsets(bs, "progress-fan")}
+    assert progress_parts == {0, 1}, "4 Spark partitions mapped onto the topic's 2 progress partitions"
+
+
+def test_a_rewound_checkpoint_fails_the_query_instead_of_dropping_batches(mod_broker: BrokerProcess, spark: Any,
+                                                                           tmp_path: Path) -> None:
+    """A checkpoint restored from an older copy: Spark re-plans batch 2 while the sink already
+    committed batch 3. Before, the sink skipped it silently (its records never reached the output)."""
+    import shutil
+
+    from confluent_kafka import Producer
+
+    bs = mod_broker.bootstrap
+    create_topic(bs, "rw-in", 1)
+    create_topic(bs, "rw-out", 1)
+    p = Producer({"bootstrap.servers": bs})
+    ck, old = tmp_path / "ck", tmp_path / "ck-old"
+
+    def run() -> Any:
+        from pyspark.errors import StreamingQueryException
+
+        q = (spark.readStream.format("oncelog").option("kafka.bootstrap.servers", bs).option("subscribe", "rw-in")
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "10").load()
+             .selectExpr("key", "value").writeStream.format("oncelog").option("kafka.bootstrap.servers", bs)
+             .option("topic", "rw-out").option("progress.topic", "progress-rw")
+             .option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
+        try:
+            q.awaitTermination(120)
+        except StreamingQueryException:
+            pass  # q.exception() has it
+        return q
+
+    for round_ in range(2):
+        for i in range(20):
+            p.produce("rw-in", value=b"%d-%d" % (round_, i))
+        p.flush(10)
+        assert run().exception() is None
+        if round_ == 0:
+            shutil.copytree(ck, old)  # batches 0 and 1 committed
+    assert len(read_topic(bs, "rw-out")) == 40
+    shutil.rmtree(ck)
+    shutil.copytree(old, ck)
+    q = run()
+    assert q.exception() is not None and "rewound" in str(q.exception()), q.exception()
+    assert len(read_topic(bs, "rw-out")) == 40

@@ -1,4 +1,6 @@
-"""`oncelog topics create|list|describe|delete` against any Kafka broker (Kafka protocol, librdkafka)."""
+"""`oncelog topics create|list|describe|alter|delete` against any Kafka broker (Kafka protocol,
+librdkafka). `alter` is IncrementalAlterConfigs: `--config k=v` sets, `--delete-config k` removes an
+override (refused, as kafka-configs.sh does, when the topic has no such override)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = sub.add_parser("describe", help="partitions, leaders and configs of topics")
     d.add_argument("topics", nargs="*")
     add_bootstrap(d)
+    a = sub.add_parser("alter", help="set or delete topic config overrides (applied at once)")
+    a.add_argument("topic")
+    a.add_argument("--config", action="append", default=[], metavar="KEY=VALUE", help="set a config (repeatable)")
+    a.add_argument("--delete-config", action="append", default=[], metavar="KEY",
+                   help="remove an override, back to the broker's default (repeatable)")
+    add_bootstrap(a)
     rm = sub.add_parser("delete", help="delete topics")
     rm.add_argument("topics", nargs="+")
     add_bootstrap(rm)
@@ -36,17 +44,62 @@ def _metadata(args: argparse.Namespace) -> Any:
         raise SystemExit(fail(f"cannot reach a broker at {args.bootstrap}: {exc.args[0].str()}")) from None
 
 
+def _parse_configs(items: list[str]) -> dict[str, str] | None:
+    configs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--config expects KEY=VALUE, got {item!r}", EXIT_USAGE)
+            return None
+        configs[key] = value
+    return configs
+
+
+def _alter(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource
+
+    configs = _parse_configs(args.config)
+    if configs is None:
+        return EXIT_USAGE
+    if not configs and not args.delete_config:
+        return fail("nothing to alter: give --config KEY=VALUE and/or --delete-config KEY", EXIT_USAGE)
+    both = sorted(set(configs) & set(args.delete_config))
+    if both:
+        return fail(f"both set and deleted: {', '.join(both)}", EXIT_USAGE)
+    admin = admin_client(args)  # must outlive the futures
+    resource = ConfigResource(ConfigResource.Type.TOPIC, args.topic)
+    if args.delete_config:
+        try:
+            current = next(iter(admin.describe_configs([resource], request_timeout=args.timeout).values())).result()
+        except KafkaException as exc:
+            return fail(f"cannot alter topic {args.topic!r}: {exc.args[0].str()}")
+        not_set = sorted(k for k in args.delete_config
+                         if k not in current or current[k].source != ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+        if not_set:
+            return fail(f"cannot delete config(s) not set on topic {args.topic!r}: {', '.join(not_set)}")
+    entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()]
+    entries += [ConfigEntry(k, None, incremental_operation=AlterConfigOpType.DELETE) for k in args.delete_config]
+    resource = ConfigResource(ConfigResource.Type.TOPIC, args.topic, incremental_configs=entries)
+    try:
+        next(iter(admin.incremental_alter_configs([resource], request_timeout=args.timeout).values())).result()
+    except KafkaException as exc:
+        return fail(f"cannot alter topic {args.topic!r}: {exc.args[0].str()}")
+    done = [f"set {k}={v}" for k, v in configs.items()] + [f"deleted {k}" for k in args.delete_config]
+    print(f"altered topic {args.topic}: {'; '.join(done)}")
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import ConfigResource, NewTopic
 
+    if args.action == "alter":
+        return _alter(args)
     if args.action == "create":
-        configs = {}
-        for item in args.config:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                return fail(f"--config expects KEY=VALUE, got {item!r}", EXIT_USAGE)
-            configs[key] = value
+        configs = _parse_configs(args.config)
+        if configs is None:
+            return EXIT_USAGE
         if args.partitions < 1:
             return fail("--partitions must be >= 1", EXIT_USAGE)
         admin = admin_client(args)  # must outlive the futures

@@ -7,8 +7,10 @@
    the payments: the ledger (each payment, oncelog source -> oncelog sink) and the running totals
    per account (a stateful aggregation in update mode, through ``foreachBatch`` into a totals topic
    under the same guarantee and into SQLite, table ``totals_<guarantee>``). It SIGKILLs the driver's
-   whole process group mid-batch several times, restarting it from its checkpoints each time, while
-   a proxy drops acknowledgements; then races a zombie task attempt against its retry.
+   whole process group mid-batch (transactions open), and once per query in the commit window
+   (after every task of a batch committed, before Spark's commit log entry: the replay must skip
+   those partitions), restarting it from its checkpoints each time, while a proxy drops
+   acknowledgements; then races a zombie task attempt against its retry.
 4. Reads the outputs read_committed: payments lost and duplicated in the ledger, what a consumer
    summing the ledger would get per account, repeated updates in the totals topic, and whether the
    newest total per account (topic and SQLite) equals the expected one. Prints a table and writes
@@ -50,7 +52,10 @@ GUARANTEES = ("exactly_once", "at_least_once", "at_most_once")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--records", type=int, default=300, help="committed payments to generate (default 300)")
     p.add_argument("--accounts", type=int, default=8)
-    p.add_argument("--kills", type=int, default=2, help="driver SIGKILLs per guarantee (default 2)")
+    p.add_argument("--kills", type=int, default=1, help="driver SIGKILLs mid-batch per guarantee (default 1)")
+    p.add_argument("--commit-window-batch", type=int, default=1,
+                   help="also SIGKILL the driver after every task of this batch committed and before Spark's "
+                        "commit log entry, once per query (default 1; -1: off)")
     p.add_argument("--guarantees", default=",".join(GUARANTEES))
     p.add_argument("--max-offsets", type=int, default=80, help="maxOffsetsPerTrigger of the job")
     p.add_argument("--seed", type=int, default=7)
@@ -66,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "response after the broker processed it (a lost acknowledgement; default 0.03, 0 = off)")
 
 
-HEADINGS = ("guarantee", "driver kills", "acks dropped", "ledger out", "lost", "dup",
+HEADINGS = ("guarantee", "driver kills", "replay skipped", "acks dropped", "ledger out", "lost", "dup",
             "ledger sums wrong", "total updates repeated", "totals wrong topic", "totals wrong SQLite",
             "zombie lost/dup", "verdict")
 
@@ -88,10 +93,14 @@ class Outcome:
     zombie_lost: int = 0
     zombie_duplicated: int = 0
     dropped_acks: int = 0
+    commit_window_kills: int = 0
+    replay_skipped: int = 0
 
     def cells(self) -> tuple[object, ...]:
         verdict = "exact" if self.ok else ("FAILED RUN" if self.exit_code != 0 else "inexact")
-        return (self.guarantee, self.kills, self.dropped_acks, self.records_out, self.lost, self.duplicated,
+        kills = f"{self.kills}+{self.commit_window_kills}" if self.commit_window_kills else self.kills
+        return (self.guarantee, kills, self.replay_skipped, self.dropped_acks, self.records_out, self.lost,
+                self.duplicated,
                 self.wrong_accounts, self.repeated_updates, self.wrong_totals_topic, self.wrong_totals_sqlite,
                 f"{self.zombie_lost}/{self.zombie_duplicated}", verdict)
 
@@ -144,7 +153,8 @@ def _sql(url: str, statements: list[str], fetch: bool = False) -> list[tuple[Any
 def reset_tables(url: str, guarantees: list[str]) -> None:
     """Each run starts its totals tables empty (query ids are new each run, so old batches would not clash,
     but accounts of an earlier run with other settings would linger)."""
-    _sql(url, [f"DROP TABLE IF EXISTS totals_{g}" for g in guarantees] + ["DROP TABLE IF EXISTS oncelog_batches"])
+    _sql(url, [f"DROP TABLE IF EXISTS totals_{g}" for g in guarantees]
+         + ["DROP TABLE IF EXISTS oncelog_batches", "DROP TABLE IF EXISTS oncelog_sink_batches"])
 
 
 def db_totals(url: str, table: str) -> dict[str, tuple[int, int]]:
@@ -176,7 +186,10 @@ def write_html(path: Path, outcomes: list[Outcome], args: argparse.Namespace) ->
         "table{border-collapse:collapse}</style>"
         f"<h1>oncelog demo: payments pipeline on PySpark</h1><p>{args.records} committed payments over "
         f"{args.accounts} accounts (plus aborted transactions that must not count); the Spark driver was "
-        f"killed with SIGKILL mid-batch {args.kills} time(s) per guarantee and restarted from its checkpoint; "
+        f"killed with SIGKILL mid-batch {args.kills} time(s) per guarantee, and once per query after every task "
+        "of a batch committed and before Spark's commit log entry ('driver kills' shows mid-batch+commit-window; "
+        "'replay skipped' counts the partitions the replays found committed and skipped), and restarted from "
+        "its checkpoint each time; "
         "a second query kept running totals per account (update mode, foreachBatch) in a topic and in SQLite; "
         "then one task attempt was left stalled before its commit (a zombie) while a retry of the same task ran; "
         f"a proxy dropped {args.drop_acks:.0%} of Produce/EndTxn responses after the broker processed them.</p>"
@@ -189,7 +202,12 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     if not console.is_terminal:
-        console = Console(width=140)  # a log file or CI: do not squeeze the table to 80 columns
+        console = Console(width=160)  # a log file or CI: do not squeeze the table to 80 columns
+    import importlib.util
+
+    if importlib.util.find_spec("pyspark") is None:
+        console.print("oncelog demo needs PySpark: pip install 'oncelog[spark]'")
+        return 2
     guarantees = [g.strip() for g in args.guarantees.split(",") if g.strip()]
     work = Path(tempfile.mkdtemp(prefix="oncelog-demo-"))
     db_url = args.database or f"sqlite:///{args.sqlite.resolve()}"
@@ -231,10 +249,13 @@ def run(args: argparse.Namespace) -> int:
                 create_topic(bs, out_topic, 2)
                 create_topic(bs, totals_topic, 2)
                 create_topic(bs, progress_topic, 2)
-                status.update(f"{g}: running the Spark job, killing its driver {args.kills} time(s)")
+                status.update(f"{g}: running the Spark job, killing its driver {args.kills} time(s) mid-batch and "
+                              "in the commit window")
                 cmd = [sys.executable, "-m", "oncelog.demo.job", "--bootstrap", job_bs, "--input", "payments",
                        "--output", out_topic, "--checkpoint", str(work / f"ckpt-{g}"), "--guarantee", g,
                        "--max-offsets", str(args.max_offsets), "--delay-ms", "1000",
+                       "--kill-driver-in-commit", str(args.commit_window_batch),
+                       "--marker-dir", str(work / f"markers-{g}"), "--commit-report", str(work / f"commits-{g}.jsonl"),
                        "--progress-topic", progress_topic, "--totals-output", totals_topic,
                        "--database", db_url, "--table", f"totals_{g}"]
                 # at_most_once records progress before writing (acks=0): its progress topic shows a batch start.
@@ -249,11 +270,15 @@ def run(args: argparse.Namespace) -> int:
                 lost, dup, unexpected = duplicates_and_losses(expected_values, got)
                 ledger_sums = totals_of([v for v in got if not v.startswith(b"aborted-")])
                 updates = [json.loads(v or b"{}") for _k, v in read_topic(bs, totals_topic)]
+                reports = [work / f"commits-{g}.jsonl", work / f"commits-{g}.jsonl-totals"]
+                skipped = sum(len(json.loads(line)["skipped"]) for r in reports if r.exists()
+                              for line in r.read_text().splitlines())
                 o = Outcome(g, report.kills, report.exit_code, len(got), lost, dup, unexpected,
                             wrong(ledger_sums, expected_totals), report.seconds,
                             repeated_updates=repeated_updates(updates),
                             wrong_totals_topic=wrong(latest_per_account(updates), expected_accounts),
-                            wrong_totals_sqlite=wrong(db_totals(db_url, f"totals_{g}"), expected_accounts))
+                            wrong_totals_sqlite=wrong(db_totals(db_url, f"totals_{g}"), expected_accounts),
+                            commit_window_kills=report.self_kills, replay_skipped=skipped)
                 if proxy is not None:
                     o.dropped_acks = proxy.stats.dropped_responses - dropped_before
                     dropped_before = proxy.stats.dropped_responses

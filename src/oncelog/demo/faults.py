@@ -90,6 +90,8 @@ def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed",
 @dataclass
 class KillReport:
     kills: int = 0
+    #: SIGKILLs the job's own fault points dealt (oncelog.demo.fault_sink), each followed by a restart
+    self_kills: int = 0
     restarts: int = 0
     exit_code: int | None = None
     seconds: float = 0.0
@@ -98,11 +100,13 @@ class KillReport:
 
 def run_with_driver_kills(cmd: list[str], bootstrap: str, watch_topic: str | Sequence[str], kills: int, seed: int,
                           log_path: Path, timeout_s: float = 300.0,
-                          on_event: Callable[[str], None] | None = None) -> KillReport:
+                          on_event: Callable[[str], None] | None = None, max_self_kills: int = 4) -> KillReport:
     """Run the job ``cmd``; ``kills`` times, SIGKILL its whole process group (Python driver, the JVM,
     the Python workers) shortly after new records appear in ``watch_topic`` (read_uncommitted, so
-    the kill lands while a batch is being written), then start it again. Finally let it finish.
-    With several topics (a job running several queries), kill ``i`` watches topic ``i mod n``.
+    the kill lands while a batch is being written), then start it again. A job that dies of SIGKILL
+    by its own fault point (``--kill-driver-in-commit``) is restarted too, up to ``max_self_kills``
+    times. Finally let it finish. With several topics (a job running several queries), kill ``i``
+    watches topic ``i mod n``.
     """
     from confluent_kafka import Consumer
 
@@ -123,6 +127,7 @@ def run_with_driver_kills(cmd: list[str], bootstrap: str, watch_topic: str | Seq
         with open(log_path, "ab") as log:
             while True:
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                killed_by_us = False
                 try:
                     if report.kills < kills:
                         topic = topics[report.kills % len(topics)]
@@ -131,20 +136,29 @@ def run_with_driver_kills(cmd: list[str], bootstrap: str, watch_topic: str | Seq
                             now = high_watermark_sum(watcher, topic)
                             if now > seen:
                                 time.sleep(rng.uniform(0.0, 0.3))
+                                if proc.poll() is not None:
+                                    break
                                 os.killpg(proc.pid, signal.SIGKILL)
                                 proc.wait(timeout=30)
+                                killed_by_us = True
                                 report.kills += 1
                                 note(f"driver killed (SIGKILL) mid-batch ({topic}), kill {report.kills}/{kills}")
                                 break
                             time.sleep(0.05)
-                        if proc.poll() is not None and proc.returncode != -signal.SIGKILL:
-                            report.exit_code = proc.returncode
-                            break
+                    remaining = max(1.0, timeout_s - (time.monotonic() - start))
+                    code = proc.wait(timeout=remaining)
+                    if code == -signal.SIGKILL:
+                        if not killed_by_us:
+                            report.self_kills += 1
+                            note("driver killed (SIGKILL) by its fault point after the batch's tasks committed, "
+                                 "before Spark's commit log entry")
+                            if report.self_kills > max_self_kills:
+                                report.exit_code = code
+                                break
                         report.restarts += 1
                         note("driver restarting from its checkpoint")
                         continue
-                    remaining = max(1.0, timeout_s - (time.monotonic() - start))
-                    report.exit_code = proc.wait(timeout=remaining)
+                    report.exit_code = code
                     break
                 finally:
                     if proc.poll() is None:
@@ -172,6 +186,7 @@ def zombie_attempt(bootstrap: str, guarantee: str, topic: str, progress_topic: s
     second attempt of the same task runs to completion. Returns (lost, duplicated) in ``topic``."""
     import threading
 
+    from oncelog.demo.fault_sink import FaultHooks
     from oncelog.spark.guarantees import Guarantee
     from oncelog.spark.sink import SinkSettings, TaskIdentity, write_partition
 
@@ -179,9 +194,7 @@ def zombie_attempt(bootstrap: str, guarantee: str, topic: str, progress_topic: s
     base = SinkSettings(client={"bootstrap.servers": bootstrap}, guarantee=g, topic=topic,
                         progress_topic=progress_topic, progress_partitions=2, timeout_s=30)
     base.progress().ensure_topic()
-    from dataclasses import replace
-
-    slow = replace(base, delay_before_commit_ms=delay_ms)
+    stall = FaultHooks(delay_before_commit_ms=delay_ms)
     ident = TaskIdentity(f"zombie-{uuid.uuid4()}", 0, 0)
     values = [f"{ident.query_id}-{i}".encode() for i in range(rows)]
     records = [(None, v, None, None, None) for v in values]
@@ -195,7 +208,7 @@ def zombie_attempt(bootstrap: str, guarantee: str, topic: str, progress_topic: s
 
         def zombie() -> None:
             try:
-                write_partition(records, ident, slow)
+                write_partition(records, ident, base, stall)
             except Exception:
                 pass  # fenced: expected for exactly_once
 

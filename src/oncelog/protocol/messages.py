@@ -30,6 +30,7 @@ from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i32Timedelta, i64Timedelta
 
+from oncelog.protocol.bounds import check_lengths
 from oncelog.protocol.errors import MalformedRequestError, UnknownApiKeyError, UnsupportedVersionError
 from oncelog.protocol.versions import SUPPORTED_VERSIONS
 
@@ -88,6 +89,7 @@ def decode_request(frame: bytes, supported: Mapping[int, tuple[int, int]] = SUPP
     req_t = request_type(api_key, api_version)
     try:
         header, pos = _reader(req_t.__header_schema__)(frame, 0)  # type: ignore[attr-defined]
+        check_lengths(req_t, frame, pos)  # kio would allocate a declared array size first (protocol/bounds.py)
         body, pos = _reader(req_t)(frame, pos)
     except Exception as exc:  # kio raises assorted errors on garbage
         raise MalformedRequestError(f"cannot parse {api_key_map.get(api_key)} v{api_version}: {exc}") from exc

@@ -169,6 +169,11 @@ def set_base_offset(buf: bytearray, pos: int, base_offset: int) -> None:
     _BASE_OFFSET.pack_into(buf, pos, base_offset)
 
 
+def set_partition_leader_epoch(buf: bytearray, pos: int, epoch: int) -> None:
+    """Stamp a batch with the leader epoch it was appended in (outside the CRC, like the offset)."""
+    _I32.pack_into(buf, pos + 12, epoch)
+
+
 def set_log_append_time(buf: bytearray, pos: int, timestamp_ms: int) -> None:
     """Mark a batch LogAppendTime and set its max timestamp; recomputes the CRC (it changes)."""
     header = read_header(buf, pos)

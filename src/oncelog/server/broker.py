@@ -20,6 +20,7 @@ from oncelog.clock import Clock, SystemClock
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.versions import SUPPORTED_VERSIONS
 from oncelog.security.acl import Authorizer
+from oncelog.security.listener import ListenerSecurity
 from oncelog.server.config import BrokerConfig
 from oncelog.server.quotas import QuotaManager
 from oncelog.storage import fileio
@@ -90,6 +91,10 @@ class Broker:
             max_message_bytes=config.message_max_bytes,
         )
         try:
+            self.security = ListenerSecurity(  # credentials, TLS, SASL (oncelog.security)
+                config.data_dir, sasl_mechanisms=config.sasl_enabled_mechanisms if config.sasl_enabled else None,
+                tls_cert=Path(config.tls_cert) if config.tls_cert else None,
+                tls_key=Path(config.tls_key) if config.tls_key else None)
             self.logs = LogManager(config.data_dir, self.log_defaults, self.clock)
             from oncelog.server.coordination import Coordination
 
@@ -110,9 +115,9 @@ class Broker:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: KafkaConnection(self), self.config.listen_host, self.config.listen_port,
-            reuse_address=True, backlog=512,
+            reuse_address=True, backlog=512, ssl=self.security.ssl_context,
         )
-        self._tasks.append(loop.create_task(self._every(self.config.flush_interval_ms, self._flush)))
+        self._tasks.append(loop.create_task(self._every(self._flush_tick_ms, self._flush)))
         self._tasks.append(loop.create_task(
             self._every(self.config.log_retention_check_interval_ms, self._retention)))
         self._tasks.append(loop.create_task(self._every(
@@ -126,9 +131,9 @@ class Broker:
         self._tasks.append(loop.create_task(self._every(
             self.config.internal_log_checkpoint_interval_ms, self._checkpoint_internal_logs)))
         host, port = self.config.advertised
-        log.info("oncelog broker %d listening on %s:%d (advertised %s:%d), data in %s",
-                 self.config.node_id, self.config.listen_host, self.config.listen_port, host, port,
-                 self.config.data_dir)
+        log.info("oncelog broker %d listening on %s:%d (%s, advertised %s:%d), data in %s",
+                 self.config.node_id, self.config.listen_host, self.config.listen_port, self.security.protocol,
+                 host, port, self.config.data_dir)
 
     @property
     def bound_port(self) -> int:
@@ -183,16 +188,21 @@ class Broker:
             os.close(self._lock_fd)  # closing the descriptor drops the flock
             self._lock_fd = -1
 
-    async def _every(self, interval_ms: int, fn: Any) -> None:
-        interval = max(interval_ms, 10) / 1000
+    async def _every(self, interval_ms: int | Callable[[], int], fn: Any) -> None:
         while True:
-            await asyncio.sleep(interval)
+            ms = interval_ms() if callable(interval_ms) else interval_ms
+            await asyncio.sleep(max(ms, 10) / 1000)
             try:
                 fn()
             except fileio.StorageOfflineError as exc:
                 self.storage_failed(exc)
             except Exception:
                 log.exception("background task %s failed", getattr(fn, "__name__", fn))
+
+    def _flush_tick_ms(self) -> int:
+        """The background flush looks as often as the shortest flush.ms of any topic (topic
+        configs can lower it live), and at least every flush_interval_ms."""
+        return min(self.config.flush_interval_ms, self.logs.min_flush_interval_ms())
 
     def _flush(self) -> None:
         self.logs.flush_all(self.clock.now_ms())

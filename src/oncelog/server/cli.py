@@ -32,12 +32,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transaction-max-timeout-ms", type=int)
     p.add_argument("--group-initial-rebalance-delay-ms", type=int)
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
+    sec = p.add_argument_group("security (docs/design/security.md)")
+    sec.add_argument("--sasl", action="store_true", default=None, dest="sasl_enabled",
+                     help="require SASL authentication (SASL_PLAINTEXT, or SASL_SSL with --tls-cert)")
+    sec.add_argument("--sasl-enabled-mechanisms", metavar="LIST",
+                     help="comma list of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (default: all three)")
+    sec.add_argument("--tls-cert", metavar="PEM", help="certificate chain (PEM): the listener speaks TLS")
+    sec.add_argument("--tls-key", metavar="PEM", help="private key (PEM, unencrypted) of --tls-cert")
+    sec.add_argument("--super-users", metavar="User:NAME[,...]",
+                     help="principals the authorizer always allows (Kafka's super.users; ';' also separates)")
+    sec.add_argument("--authorizer", dest="authorizer_enabled", action=argparse.BooleanOptionalAction, default=None,
+                     help="check ACLs (default: on with --sasl, off without)")
 
 
 _FLAG_KEYS = ("node_id", "auto_create_topics", "num_partitions", "flush_interval_ms", "flush_every_append",
               "log_segment_bytes", "socket_request_max_bytes",
               "transaction_abort_timed_out_transaction_cleanup_interval_ms", "transaction_max_timeout_ms",
               "group_initial_rebalance_delay_ms", "log_level")
+_SECURITY_FLAG_KEYS = ("sasl_enabled", "sasl_enabled_mechanisms", "tls_cert", "tls_key", "super_users",
+                       "authorizer_enabled")
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -50,11 +63,13 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     if args.advertised_listener:
         parse_host_port(args.advertised_listener)
         values["advertised_listener"] = args.advertised_listener
-    for key in _FLAG_KEYS:
+    for key in (*_FLAG_KEYS, *_SECURITY_FLAG_KEYS):
         value = getattr(args, key, None)
         if value is not None:
             values[key] = value
     cfg.update(values)
+    cfg.apply_security_defaults()
+    cfg.validate_security()
     return cfg
 
 

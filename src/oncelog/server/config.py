@@ -25,6 +25,22 @@ def parse_host_port(value: str) -> tuple[str, int]:
     return host, port
 
 
+DEFAULT_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def parse_list(name: str, value: Any, separator: str) -> list[str]:
+    """A TOML list, or one string: Kafka's comma list (``sasl.enabled.mechanisms``) or, for
+    ``super.users``, Kafka's ';' list (names may hold ',') where ',' also works when there is no ';'."""
+    if isinstance(value, str):
+        sep = separator if separator in value or separator == "," else ","
+        items = value.split(sep)
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        items = list(value)
+    else:
+        raise ValueError(f"config {name!r} must be a list of strings or a string")
+    return [item.strip() for item in items if item.strip()]
+
+
 @dataclass
 class BrokerConfig:
     data_dir: Path = Path("./oncelog-data")
@@ -78,12 +94,22 @@ class BrokerConfig:
     quota_producer_default: int = 2**63 - 1
     quota_consumer_default: int = 2**63 - 1
     # Authorization (Kafka's authorizer): ACLs decide who may do what once it is enabled (--sasl
-    # enables it). super_users: "User:alice,User:bob" (Kafka's super.users, ';'-separated there).
+    # enables it unless authorizer_enabled is set). super_users: "User:alice,User:bob" (Kafka's
+    # super.users, ';'-separated there; --super-users; a TOML list works too).
     authorizer_enabled: bool = False
     allow_everyone_if_no_acl_found: bool = False
     super_users: str = ""
     log_level: str = "INFO"
+    # Security (docs/design/security.md): SASL on the listener (Kafka's SASL_PLAINTEXT, or SASL_SSL
+    # with TLS), TLS from a PEM certificate and key, and the principals every authorizer lets through.
+    sasl_enabled: bool = False
+    sasl_enabled_mechanisms: list[str] = field(default_factory=lambda: list(DEFAULT_SASL_MECHANISMS))
+    sasl_server_max_receive_size: int = 524288  # largest frame before authentication (Kafka's default)
+    connection_failed_authentication_delay_ms: int = 100  # answer a failed login after this long
+    tls_cert: str | None = None
+    tls_key: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    explicitly_set: set[str] = field(default_factory=set, repr=False, compare=False)  # names update() saw
 
     @property
     def super_user_set(self) -> frozenset[str]:
@@ -109,8 +135,20 @@ class BrokerConfig:
             if key in ("advertised_listener", "advertised_listeners") and isinstance(value, str):
                 self.advertised_host, self.advertised_port = parse_host_port(value)
                 continue
-            if key not in names or key == "extra":
+            if key not in names or key in ("extra", "explicitly_set"):
                 raise ValueError(f"unknown broker config {raw_key!r}")
+            self.explicitly_set.add(key)
+            if key == "sasl_enabled_mechanisms":
+                self.sasl_enabled_mechanisms = parse_list(raw_key, value, ",")
+                continue
+            if key == "super_users":
+                self.super_users = ";".join(parse_list(raw_key, value, ";"))
+                continue
+            if key in ("tls_cert", "tls_key"):
+                if value is not None and not isinstance(value, str):
+                    raise ValueError(f"config {raw_key!r} must be a file path")
+                setattr(self, key, value or None)
+                continue
             current = getattr(self, key)
             if key == "data_dir":
                 value = Path(value)
@@ -120,6 +158,41 @@ class BrokerConfig:
             elif isinstance(current, int) and not isinstance(value, int):
                 raise ValueError(f"config {raw_key!r} must be an integer")
             setattr(self, key, value)
+
+    @property
+    def security_protocol(self) -> str:
+        """The listener's security protocol, as Kafka names it."""
+        tls = self.tls_cert is not None
+        return ("SASL_SSL" if tls else "SASL_PLAINTEXT") if self.sasl_enabled else ("SSL" if tls else "PLAINTEXT")
+
+    def apply_security_defaults(self) -> None:
+        """``--sasl`` turns the authorizer on (a SASL listener is there to tell principals apart),
+        unless ``authorizer_enabled`` was set explicitly (``false``: authentication only)."""
+        if self.sasl_enabled and "authorizer_enabled" not in self.explicitly_set:
+            self.authorizer_enabled = True
+
+    def validate_security(self) -> None:
+        """ValueError for a combination that cannot run (the CLI exits 2 with the message)."""
+        from oncelog.security.sasl_server_authenticator import SUPPORTED_MECHANISMS
+
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key (tls_cert, tls_key) must be given together")
+        unknown = [m for m in self.sasl_enabled_mechanisms if m not in SUPPORTED_MECHANISMS]
+        if unknown:
+            raise ValueError(f"unsupported SASL mechanism(s) {', '.join(unknown)} in sasl_enabled_mechanisms "
+                             f"(supported: {', '.join(SUPPORTED_MECHANISMS)})")
+        if self.sasl_enabled and not self.sasl_enabled_mechanisms:
+            raise ValueError("SASL is enabled but sasl_enabled_mechanisms is empty")
+        for principal in sorted(self.super_user_set):
+            kind, sep, name = principal.partition(":")
+            if kind != "User" or not sep or not name:
+                raise ValueError(f"super user {principal!r} must be a principal of the form User:NAME")
+        if self.sasl_server_max_receive_size < 1024:
+            raise ValueError("sasl_server_max_receive_size must be at least 1024 bytes")
+        if self.tls_cert is not None and self.tls_key is not None:
+            from oncelog.security.tls import server_context
+
+            server_context(Path(self.tls_cert), Path(self.tls_key))  # fail now, not at the first client
 
     @classmethod
     def from_toml(cls, path: Path) -> BrokerConfig:

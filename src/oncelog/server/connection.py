@@ -19,6 +19,12 @@ from one address) are closed on accept; idle ones are closed after ``connections
 
 Nothing a client sends may kill the broker: framing errors and unparsable requests close this
 connection only; a handler bug is logged and closes this connection only.
+
+Authentication (SASL on): until ``authenticator`` is complete, only the requests its state allows
+are handled (ApiVersions, SaslHandshake, SaslAuthenticate, in Kafka's order); any other closes the
+connection before it is parsed, and no frame may exceed ``sasl_server_max_receive_size``. A handler
+sets ``close_after_response`` to send one last answer (a refused login) and close. ``principal`` is
+``User:ANONYMOUS`` until SaslAuthenticate succeeds, then ``User:<name>``.
 """
 
 from __future__ import annotations
@@ -47,12 +53,16 @@ from oncelog.protocol.messages import (
     peek_header,
 )
 from oncelog.protocol.versions import API_API_VERSIONS, api_name
+from oncelog.security.sasl_server_authenticator import SaslServerAuthenticator
+from oncelog.server.handlers.sasl import handle_raw_token
 from oncelog.storage.fileio import StorageOfflineError
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
 
 log = logging.getLogger("oncelog.server")
+
+CLOSE_LINGER_S = 0.2  # between a connection's last answer and its close (see _close_after_linger)
 
 class KafkaConnection(asyncio.Protocol):
     def __init__(self, broker: Broker) -> None:
@@ -73,6 +83,9 @@ class KafkaConnection(asyncio.Protocol):
         self.last_active = time.monotonic()
         self._max_frames = max(cfg.queued_max_requests_per_connection, 1)
         self.throttle_ms = 0  # set by a handler whose response carries a throttle time
+        # SASL: None when the listener does not authenticate (PLAINTEXT/SSL).
+        self.authenticator: SaslServerAuthenticator | None = broker.security.new_authenticator()
+        self.close_after_response = False  # set by a handler: this response is the last one
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -109,6 +122,8 @@ class KafkaConnection(asyncio.Protocol):
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
+        if self.close_after_response:
+            return  # the last answer is out; nothing more is read
         self.last_active = time.monotonic()
         try:
             frames = self.decoder.receive_data(data)
@@ -116,6 +131,13 @@ class KafkaConnection(asyncio.Protocol):
             log.warning("closing connection from %s: %s", self.peer, exc)
             self.close()
             return
+        if self.authenticator is not None and not self.authenticator.complete:
+            limit = self.broker.config.sasl_server_max_receive_size
+            if self.decoder.buffered > limit + 4 or any(len(f) > limit for f in frames):
+                log.warning("closing connection from %s: a frame above sasl.server.max.receive.size (%d bytes) "
+                            "before SASL authentication completed", self.peer, limit)
+                self.close()
+                return
         if not frames:
             return
         self.frames.extend(frames)
@@ -144,6 +166,12 @@ class KafkaConnection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+    def _close_after_linger(self) -> None:
+        """Close a little after the last answer (a refused login) was written, not at once: an answer
+        and the end of the stream arriving in one read make some clients (kafka-python) report only
+        the disconnect and lose the reason. Nothing more is read or handled meanwhile."""
+        asyncio.get_running_loop().call_later(CLOSE_LINGER_S, self.close)
 
     # --- request processing -------------------------------------------------------------------
     async def _drain(self) -> None:
@@ -175,6 +203,9 @@ class KafkaConnection(asyncio.Protocol):
                 else:
                     self.transport.write(out)
                 self.last_active = time.monotonic()
+            if self.close_after_response:
+                self._close_after_linger()
+                return
             if self.throttle_ms > 0:
                 # KIP-219: the response went out with its throttle time; mute until it has passed.
                 delay, self.throttle_ms = self.throttle_ms, 0
@@ -182,6 +213,12 @@ class KafkaConnection(asyncio.Protocol):
 
     async def _handle_frame(self, frame: bytes) -> bytes | list[Any] | None:
         broker = self.broker
+        auth = self.authenticator
+        if auth is not None and auth.expects_raw_token:  # after SaslHandshake v0: a bare token, no header
+            return await handle_raw_token(broker, self, auth, frame)
+        if auth is not None and not auth.complete and not self._may_handle_before_authentication(frame, auth):
+            self.close()
+            return None
         try:
             request = decode_request(frame, broker.supported_versions)
         except UnsupportedVersionError as exc:
@@ -197,11 +234,27 @@ class KafkaConnection(asyncio.Protocol):
             result = await result
         if result is None:  # acks=0 produce: no response at all
             return None
+        if auth is not None and request.api_key == API_API_VERSIONS:
+            auth.api_versions_answered()  # Kafka: after ApiVersions, SaslHandshake must follow
         if request.api_key == API_FETCH and isinstance(result, dict):
             return encode_fetch_response(request.api_version, request.correlation_id, result)
         if isinstance(result, dict):
             result = build_response(request.api_key, request.api_version, result)
         return encode_response(request.api_key, request.api_version, request.correlation_id, result)
+
+    def _may_handle_before_authentication(self, frame: bytes, auth: SaslServerAuthenticator) -> bool:
+        """Kafka's SaslServerAuthenticator: only the request the SASL state expects, checked before the
+        request is parsed, so an unauthenticated peer never reaches another API's decoder."""
+        try:
+            api_key, api_version, _ = peek_header(frame)
+        except MalformedRequestError as exc:
+            log.warning("closing connection from %s: %s", self.peer, exc)
+            return False
+        if auth.allows(api_key):
+            return True
+        log.warning("closing connection from %s: unexpected %s v%d request in SASL state %s", self.peer,
+                    api_name(api_key), api_version, auth.state.value)
+        return False
 
     def _unsupported(self, frame: bytes, exc: UnsupportedVersionError) -> bytes | None:
         api_key, api_version, correlation_id = peek_header(frame)

@@ -64,8 +64,10 @@ def register(spark: Any) -> None:
     spark.dataSource.register(OncelogDataSource)
 
 
-def local_session(app_name: str = "oncelog", cores: int = 2, extra: dict[str, str] | None = None) -> Any:
-    """A loopback-only ``local[cores]`` SparkSession with small shuffles, ``oncelog`` registered.
+def local_session(app_name: str = "oncelog", cores: int = 2, extra: dict[str, str] | None = None,
+                  master: str | None = None) -> Any:
+    """A loopback-only SparkSession with small shuffles, ``oncelog`` registered: ``local[cores]``, or
+    ``master`` such as ``local-cluster[2,1,1024]`` (two executor JVMs of one core and 1 GB each).
 
     Sets ``PYSPARK_PYTHON`` to this interpreter so executors import the same oncelog.
     """
@@ -75,7 +77,7 @@ def local_session(app_name: str = "oncelog", cores: int = 2, extra: dict[str, st
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    builder = (SparkSession.builder.master(f"local[{cores}]").appName(app_name)
+    builder = (SparkSession.builder.master(master or f"local[{cores}]").appName(app_name)
                .config("spark.sql.shuffle.partitions", str(cores))
                .config("spark.default.parallelism", str(cores))
                .config("spark.ui.enabled", "false")

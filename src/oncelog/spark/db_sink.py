@@ -5,11 +5,15 @@ Invariants, for SQLite and PostgreSQL alike:
 - Rows are upserted by ``key_columns`` (default: Kafka's coordinates topic, partition, offset, so the
   same input record written twice is one row; or a user key such as an account, so the latest
   running total wins).
-- Table ``oncelog_batches(query_id, batch_id)`` records each applied micro-batch **in the same
-  database transaction** as its rows. A replayed batch (Spark re-running batch N after a driver
-  crash) finds its id and changes nothing, so even a non-idempotent write (an increment) is applied
-  once. Two attempts racing on one batch (a zombie and its retry) serialise on that primary key:
-  the loser sees the winner's row and skips.
+- Table ``oncelog_sink_batches(target, query_id, batch_id, rows)`` records each applied micro-batch
+  of each sink — ``target`` is the sink's table, so one query may write each batch to several
+  tables under one query id — **in the same database transaction** as its rows. A replayed batch
+  (Spark re-running batch N after a driver crash) finds its marker and changes nothing, so even a
+  non-idempotent write (an increment) is applied once; a replay with another row count fails
+  instead (the replay is not the same data). Two attempts racing on one batch (a zombie and its
+  retry) serialise on that primary key: the loser sees the winner's row and skips.
+- A marker of a *later* batch means a rewound checkpoint or a reused query id: the batch fails,
+  unless ``fail_on_higher_committed_batch=False`` (then it is skipped with a warning).
 - A failure rolls the whole batch back: a batch is applied entirely or not at all.
 
 The sinks run on the driver: the batch is collected, which suits the small, aggregated outputs
@@ -18,6 +22,7 @@ The sinks run on the driver: the batch is collected, which suits the small, aggr
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,15 +30,20 @@ from typing import Any
 from urllib.parse import urlsplit
 
 KAFKA_COORDINATES = ("topic", "partition", "offset")
+MARKERS = "oncelog_sink_batches"
+
+log = logging.getLogger("oncelog.spark")
 
 
 class UpsertSink:
     """Common part: checks names, turns a DataFrame into rows, calls :meth:`apply`."""
 
-    def __init__(self, table: str, query_id: str, key_columns: Sequence[str] = KAFKA_COORDINATES) -> None:
+    def __init__(self, table: str, query_id: str, key_columns: Sequence[str] = KAFKA_COORDINATES,
+                 fail_on_higher_committed_batch: bool = True) -> None:
         self.table = table
         self.query_id = query_id
         self.key_columns = list(key_columns)
+        self.fail_on_higher_committed_batch = fail_on_higher_committed_batch
         if not self.key_columns:
             raise ValueError("at least one key column is needed")
         if not table.isidentifier() or not all(c.isidentifier() for c in self.key_columns):
@@ -46,6 +56,27 @@ class UpsertSink:
     def apply(self, rows: list[dict[str, Any]], batch_id: int) -> bool:
         """Upsert ``rows`` as batch ``batch_id``; False if that batch was applied before."""
         raise NotImplementedError
+
+    def _check_replay(self, committed_rows: int | None, higher: int | None, batch_id: int, rows: int) -> bool:
+        """True to skip (this batch is applied, same row count); raises when neither skipping nor
+        applying would be exactly once."""
+        where = f"database sink {self.table!r} query {self.query_id!r}"
+        if committed_rows is not None:
+            if committed_rows >= 0 and committed_rows != rows:
+                raise RuntimeError(
+                    f"{where}: batch {batch_id} was applied with {committed_rows} rows but its replay has {rows}: "
+                    "the replay is not the same data (non-deterministic expression, failOnDataLoss=false with "
+                    "records removed by retention, changed partitioning)")
+            return True
+        if higher is not None:
+            if self.fail_on_higher_committed_batch:
+                raise RuntimeError(
+                    f"{where}: batch {higher} is already applied while Spark writes batch {batch_id}: the checkpoint "
+                    "was rewound or restored, or another query reuses this query id. Use a new checkpoint or "
+                    "query id, or pass fail_on_higher_committed_batch=False to skip such batches.")
+            log.warning("%s: batch %d already applied; skipping batch %d", where, higher, batch_id)
+            return True
+        return False
 
     def _columns(self, rows: list[dict[str, Any]]) -> list[str]:
         cols = list(rows[0])
@@ -63,19 +94,21 @@ class SqliteUpsertSink(UpsertSink):
     """Upserts into the SQLite file ``path`` (table created on first use, columns loosely typed)."""
 
     def __init__(self, path: str | Path, table: str, query_id: str,
-                 key_columns: Sequence[str] = KAFKA_COORDINATES) -> None:
-        super().__init__(table, query_id, key_columns)
+                 key_columns: Sequence[str] = KAFKA_COORDINATES, fail_on_higher_committed_batch: bool = True) -> None:
+        super().__init__(table, query_id, key_columns, fail_on_higher_committed_batch)
         self.path = str(path)
 
     def apply(self, rows: list[dict[str, Any]], batch_id: int) -> bool:
         conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
         try:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute("CREATE TABLE IF NOT EXISTS oncelog_batches (query_id TEXT, batch_id INTEGER, "
-                         "PRIMARY KEY (query_id, batch_id))")
-            seen = conn.execute("SELECT 1 FROM oncelog_batches WHERE query_id = ? AND batch_id = ?",
-                                (self.query_id, batch_id)).fetchone()
-            if seen:
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {MARKERS} (target TEXT, query_id TEXT, batch_id INTEGER, "
+                         "rows INTEGER, PRIMARY KEY (target, query_id, batch_id))")
+            seen = conn.execute(f"SELECT rows FROM {MARKERS} WHERE target = ? AND query_id = ? AND batch_id = ?",
+                                (self.table, self.query_id, batch_id)).fetchone()
+            higher = conn.execute(f"SELECT MAX(batch_id) FROM {MARKERS} WHERE target = ? AND query_id = ? "
+                                  "AND batch_id > ?", (self.table, self.query_id, batch_id)).fetchone()[0]
+            if self._check_replay(None if seen is None else int(seen[0]), higher, batch_id, len(rows)):
                 conn.execute("ROLLBACK")
                 return False
             if rows:
@@ -89,7 +122,7 @@ class SqliteUpsertSink(UpsertSink):
                     f'INSERT INTO "{self.table}" ({", ".join(q)}) VALUES ({", ".join("?" for _ in cols)}) '
                     f"ON CONFLICT ({keys}) {conflict}",
                     [tuple(_plain_value(r.get(c)) for c in cols) for r in rows])
-            conn.execute("INSERT INTO oncelog_batches VALUES (?, ?)", (self.query_id, batch_id))
+            conn.execute(f"INSERT INTO {MARKERS} VALUES (?, ?, ?, ?)", (self.table, self.query_id, batch_id, len(rows)))
             conn.execute("COMMIT")
             return True
         except BaseException:
@@ -105,14 +138,15 @@ class PostgresUpsertSink(UpsertSink):
 
     The table is created on first use with column types taken from the first batch's Python values
     (int → bigint, float → double precision, bool → boolean, bytes → bytea, anything else → text).
-    The batch marker is inserted first with ``ON CONFLICT DO NOTHING``: if it already exists the
-    transaction is rolled back untouched; if another session holds it uncommitted, PostgreSQL blocks
-    this one until that session ends, so concurrent attempts of one batch apply it once.
+    The batch marker (with the batch's row count) is inserted first with ``ON CONFLICT DO NOTHING``:
+    if it already exists the transaction is rolled back untouched; if another session holds it
+    uncommitted, PostgreSQL blocks this one until that session ends, so concurrent attempts of one
+    batch apply it once.
     """
 
     def __init__(self, url: str, table: str, query_id: str,
-                 key_columns: Sequence[str] = KAFKA_COORDINATES) -> None:
-        super().__init__(table, query_id, key_columns)
+                 key_columns: Sequence[str] = KAFKA_COORDINATES, fail_on_higher_committed_batch: bool = True) -> None:
+        super().__init__(table, query_id, key_columns, fail_on_higher_committed_batch)
         self.url = url
 
     def apply(self, rows: list[dict[str, Any]], batch_id: int) -> bool:
@@ -120,12 +154,24 @@ class PostgresUpsertSink(UpsertSink):
         from psycopg import sql
 
         with psycopg.connect(self.url) as conn:  # one transaction; committed on success, rolled back on error
-            conn.execute("CREATE TABLE IF NOT EXISTS oncelog_batches (query_id text, batch_id bigint, "
-                         "PRIMARY KEY (query_id, batch_id))")
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {MARKERS} (target text, query_id text, batch_id bigint, "
+                         "rows bigint, PRIMARY KEY (target, query_id, batch_id))")
             conn.commit()  # DDL outside the batch's transaction: a concurrent CREATE must not abort it
-            cur = conn.execute("INSERT INTO oncelog_batches VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                               (self.query_id, batch_id))
-            if cur.rowcount == 0:
+            cur = conn.execute(f"INSERT INTO {MARKERS} VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                               (self.table, self.query_id, batch_id, len(rows)))
+            seen = None
+            if cur.rowcount == 0:  # an attempt that committed first (a concurrent one is waited for)
+                row = conn.execute(f"SELECT rows FROM {MARKERS} WHERE target = %s AND query_id = %s "
+                                   "AND batch_id = %s", (self.table, self.query_id, batch_id)).fetchone()
+                seen = int(row[0]) if row is not None else -1
+            hi = conn.execute(f"SELECT MAX(batch_id) FROM {MARKERS} WHERE target = %s AND query_id = %s "
+                              "AND batch_id > %s", (self.table, self.query_id, batch_id)).fetchone()
+            try:
+                skip = self._check_replay(seen, None if hi is None else hi[0], batch_id, len(rows))
+            except BaseException:
+                conn.rollback()
+                raise
+            if skip:
                 conn.rollback()
                 return False
             if rows:
@@ -173,15 +219,19 @@ def _pg_type(rows: list[dict[str, Any]], col: str) -> str:
     return "text"
 
 
-def database_sink(url: str, table: str, query_id: str,
-                  key_columns: Sequence[str] = KAFKA_COORDINATES) -> UpsertSink:
-    """A sink for ``url``: ``sqlite:///path`` (or a bare path) or ``postgresql://…`` / ``postgres://…``."""
+def database_sink(url: str, table: str, query_id: str, key_columns: Sequence[str] = KAFKA_COORDINATES,
+                  fail_on_higher_committed_batch: bool = True) -> UpsertSink:
+    """A sink for ``url``: ``sqlite:///path`` (or a bare path) or ``postgresql://…`` / ``postgres://…``.
+
+    Its identity is ``(table, query_id)``: several tables of one database may share a query id.
+    """
     scheme = urlsplit(url).scheme if "://" in url else ""
+    strict = fail_on_higher_committed_batch
     if scheme in ("postgresql", "postgres"):
-        return PostgresUpsertSink(url, table, query_id, key_columns)
+        return PostgresUpsertSink(url, table, query_id, key_columns, strict)
     if scheme == "sqlite":
         return SqliteUpsertSink(url[len("sqlite:///"):] if url.startswith("sqlite:///") else url[len("sqlite://"):],
-                                table, query_id, key_columns)
+                                table, query_id, key_columns, strict)
     if scheme:
         raise ValueError(f"unsupported database URL scheme {scheme!r}: use sqlite:///path or postgresql://…")
-    return SqliteUpsertSink(url, table, query_id, key_columns)
+    return SqliteUpsertSink(url, table, query_id, key_columns, strict)

@@ -1,10 +1,11 @@
-"""``foreachBatch`` helpers: the sink protocol for update-mode queries, and an idempotent DB sink.
+"""``foreachBatch`` helpers: the sink protocol for update-mode queries, and idempotent DB sinks.
 
 A Python streaming sink accepts append and complete output modes only; stateful queries in update
 mode go through ``foreachBatch``. :func:`kafka_foreach_batch` runs the very same per-task protocol
 as the ``oncelog`` sink (see :mod:`oncelog.spark.sink`), with the batch id Spark hands to the
 function and a ``query_id`` the caller keeps stable across restarts (Spark does not expose its own
-query id to the foreachBatch function reliably).
+query id to the foreachBatch function reliably). Its identity is ``(query_id, topic)``: one query
+may write each batch to several topics (and tables) under one query id.
 
 :mod:`oncelog.spark.db_sink` (re-exported here) is the "write to a system with unique keys"
 approach: rows are upserted into SQLite or PostgreSQL by (topic, partition, offset) or by a user key,
@@ -13,36 +14,90 @@ and the batch id is recorded in the same database transaction, so a replayed bat
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from oncelog.spark.db_sink import PostgresUpsertSink, SqliteUpsertSink, UpsertSink, database_sink
-from oncelog.spark.guarantees import Guarantee
-from oncelog.spark.sink import SinkCommitMessage, SinkSettings, TaskIdentity, records_from_rows, write_partition
+from oncelog.spark.sink import (
+    CommitSummary,
+    SinkHooks,
+    SinkSettings,
+    TaskIdentity,
+    records_from_arrow,
+    records_from_rows,
+    summarize,
+    write_partition,
+)
 
-__all__ = ["PostgresUpsertSink", "SqliteUpsertSink", "UpsertSink", "database_sink", "kafka_foreach_batch"]
+__all__ = ["KafkaForeachBatch", "PostgresUpsertSink", "SqliteUpsertSink", "UpsertSink", "database_sink",
+           "kafka_foreach_batch"]
+
+
+class KafkaForeachBatch:
+    """The callable :func:`kafka_foreach_batch` returns: ``fn(df, batch_id)``.
+
+    Runs one task per partition of ``df``, each writing its partition with :func:`write_partition`,
+    and keeps the batch's :class:`~oncelog.spark.sink.CommitSummary` in ``last_commit``. Classic
+    Spark: through the RDD of rows (no pandas needed). Spark Connect has no RDD API: there it goes
+    through ``DataFrame.mapInArrow`` (same partitions; needs pandas, which a Connect client has).
+    """
+
+    def __init__(self, settings: SinkSettings, query_id: str, hooks: SinkHooks | None = None) -> None:
+        if not query_id:
+            raise ValueError("kafka_foreach_batch needs a non-empty query_id, stable across restarts")
+        self.settings = settings
+        self.query_id = query_id
+        self.hooks = hooks
+        self.last_commit: CommitSummary | None = None
+
+    def task_function(self, batch_id: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
+        settings, hooks, query_id = self.settings, self.hooks, self.query_id
+
+        def task(batches: Iterator[Any]) -> Iterator[Any]:
+            import pyarrow as pa
+            from pyspark import TaskContext
+
+            tc = TaskContext.get()
+            ident = TaskIdentity(query_id, batch_id, tc.partitionId() if tc is not None else 0)
+            msg = write_partition(records_from_arrow(batches), ident, settings, hooks)
+            yield pa.RecordBatch.from_pydict({"message": [pickle.dumps(msg)]},
+                                             schema=pa.schema([("message", pa.binary())]))
+
+        return task
+
+    def row_task_function(self, batch_id: int) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+        settings, hooks, query_id = self.settings, self.hooks, self.query_id
+
+        def task(index: int, rows: Iterator[Any]) -> Iterator[Any]:
+            yield write_partition(records_from_rows(rows), TaskIdentity(query_id, batch_id, index), settings, hooks)
+
+        return task
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        if type(df).__module__.startswith("pyspark.sql.connect"):
+            rows = df.mapInArrow(self.task_function(int(batch_id)), "message binary").collect()
+            messages = [pickle.loads(r.message) for r in rows]
+        else:
+            messages = df.rdd.mapPartitionsWithIndex(self.row_task_function(int(batch_id))).collect()
+        self.last_commit = summarize(messages, int(batch_id),
+                                     f"kafka_foreach_batch {self.settings.sink_id(self.query_id)} "
+                                     f"({self.settings.guarantee})")
 
 
 def kafka_foreach_batch(bootstrap: str, topic: str, query_id: str, guarantee: str = "exactly_once",
-                        options: Mapping[str, str] | None = None) -> Callable[[Any, int], None]:
+                        options: Mapping[str, str] | None = None,
+                        hooks: SinkHooks | None = None) -> KafkaForeachBatch:
     """A ``foreachBatch`` function writing each micro-batch to ``topic`` under ``guarantee``.
 
     The DataFrame needs a ``value`` column (and optionally key, topic, partition, headers). Its
     partitioning must be the same when Spark replays a batch (true for the output of a shuffle or a
-    stateful operator), because the skip-on-replay decision is made per (batch, partition).
+    stateful operator), because the skip-on-replay decision is made per (batch, partition); a replay
+    whose partition holds a different number of rows fails instead of being skipped. ``options``
+    takes the sink's options (``progress.topic``, ``kafka.*``, ...). ``hooks`` is for tests and the
+    demo. The progress topic is created or adopted (with its partition count) here, on the driver.
     """
     opts = {"kafka.bootstrap.servers": bootstrap, "topic": topic, "processing.guarantee": guarantee,
             **(options or {})}
-    settings = SinkSettings.from_options(opts)
-    if settings.guarantee is not Guarantee.at_least_once:
-        settings.progress().ensure_topic()
-
-    def write_batch(df: Any, batch_id: int) -> None:
-        s = settings
-
-        def task(index: int, rows: Iterator[Any]) -> Iterator[SinkCommitMessage]:
-            yield write_partition(records_from_rows(rows), TaskIdentity(query_id, int(batch_id), index), s)
-
-        df.rdd.mapPartitionsWithIndex(task).collect()
-
-    return write_batch
+    settings = SinkSettings.from_options(opts).prepare()
+    return KafkaForeachBatch(settings, query_id, hooks)

@@ -4,33 +4,39 @@ Invariant: a range is complete when the consumer's **position** reaches ``end``,
 ``end - 1`` arrives: transaction markers and (under read_committed) aborted records occupy offsets
 but are never delivered, so a reader waiting for ``end - 1`` could wait forever. Used by the Spark
 source's executors and by the sink's progress reader.
+
+The timeout is a *stall* timeout: it fails a read whose position has not moved for ``timeout_s``,
+however long the whole range takes, so a catch-up over millions of records never times out while
+it progresses.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
 def consume_range(consumer: Any, topic: str, partition: int, start: int, end: int, timeout_s: float,
-                  max_messages: int, poll_timeout_s: float = 0.2, what: str = "") -> Iterator[list[Any]]:
+                  max_messages: int, poll_timeout_s: float = 0.2, what: str = "",
+                  clock: Callable[[], float] = time.monotonic) -> Iterator[list[Any]]:
     """Yield lists of the delivered messages of ``[start, end)``, in offset order.
 
     ``consumer`` is a confluent-kafka Consumer with ``enable.partition.eof`` on; this assigns it to
-    ``topic``/``partition`` at ``start``. Raises TimeoutError if the position stays below ``end``
-    for ``timeout_s`` (a broker that lost data, or an open transaction holding the LSO below a
-    planned end), RuntimeError on a consumer error.
+    ``topic``/``partition`` at ``start``. Raises TimeoutError if the position stays at one offset
+    below ``end`` for ``timeout_s`` (a broker that lost data, or an open transaction holding the
+    LSO below a planned end), RuntimeError on a consumer error.
     """
     from confluent_kafka import KafkaError, TopicPartition
 
     what = what or f"{topic}-{partition} [{start}, {end})"
     consumer.assign([TopicPartition(topic, partition, start)])
     position = start
-    deadline = time.monotonic() + timeout_s
+    last_move = clock()
     while position < end:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"reading {what}: stuck at offset {position} below {end} for {timeout_s}s")
+        if clock() - last_move > timeout_s:
+            raise TimeoutError(f"reading {what}: stuck at offset {position} below {end} for {timeout_s:g}s")
+        before = position
         # Ask for no more than the range holds, so the call returns as soon as the range is complete.
         msgs = consumer.consume(num_messages=max(1, min(max_messages, end - position)), timeout=poll_timeout_s)
         out = []
@@ -52,3 +58,5 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
             pos = consumer.position([TopicPartition(topic, partition)])[0].offset
             if pos >= 0:
                 position = max(position, pos)
+        if position > before:
+            last_move = clock()

@@ -11,29 +11,46 @@ Invariants the reader keeps:
   never delivered, so a range can start or end on them; records at or above ``end`` are dropped.
 - Replaying a planned batch (Spark restarts from its offset log) reads the same committed records:
   below the LSO the committed content of a partition never changes.
-- The driver-side consumer only answers metadata and watermarks; executors open their own consumer
-  per range with ``assign()`` (no consumer group, no offset commits).
+- The driver-side consumer only answers metadata, watermarks and timestamp lookups; executors open
+  their own consumer per range with ``assign()`` (never joining a group). Group ids follow Spark:
+  ``kafka.group.id`` when set (clusters with group ACLs), else ``{groupIdPrefix}-{uuid}``.
+- ``minPartitions`` splits large ranges the way Spark's ``KafkaOffsetRangeCalculator`` does, a pure
+  function of the planned offsets, so a replayed batch is split into the same Spark partitions.
+- ``commitOffsetsToGroup`` mirrors the offsets of each batch Spark committed into a consumer group,
+  for lag tools only: the query itself always resumes from its checkpoint.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from oncelog.spark.options import (
+    BATCH_ONLY_OPTIONS,
+    DEFAULT_CONNECT_TIMEOUT_MS,
     EARLIEST,
     LATEST,
+    SOURCE_OPTIONS,
+    check_client_config,
+    check_known,
     client_config,
     get_bool,
+    get_duration_ms,
     get_int,
     get_option,
+    has_option,
     parse_assign,
     parse_offsets_spec,
+    parse_partition_json,
 )
 from oncelog.spark.ranges import consume_range
+
+log = logging.getLogger("oncelog.spark")
 
 Offsets = dict[str, dict[str, int]]
 
@@ -86,6 +103,33 @@ def apply_max_rows(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
     return capped
 
 
+def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
+    """Spark's ``KafkaOffsetRangeCalculator``: with fewer ranges than ``min_partitions``, split each
+    range into ``max(round(size / total * min_partitions), 1)`` nearly equal parts."""
+    ranges = [r for r in ranges if r.end > r.start]
+    if not min_partitions or len(ranges) >= min_partitions:
+        return ranges
+    total = sum(r.end - r.start for r in ranges)
+    out = []
+    for r in ranges:
+        size = r.end - r.start
+        parts = max(int(_round_half_up(size / total * min_partitions)), 1)
+        remaining, begin = size, r.start
+        for part in range(parts):
+            this = remaining // (parts - part)
+            remaining -= this
+            stop = min(begin + this, r.end)
+            if stop > begin:
+                out.append(OffsetRange(r.topic, r.partition, begin, stop))
+            begin = stop
+    return out
+
+
+def _round_half_up(x: float) -> int:
+    """Scala's ``math.round`` (half up), not Python's banker's rounding."""
+    return int(x + 0.5)
+
+
 def min_offsets(a: Offsets, b: Offsets) -> Offsets:
     """Per partition, the smaller of two offset dicts (partitions only in ``a`` are kept)."""
     return {t: {p: min(o, b.get(t, {}).get(p, o)) for p, o in ps.items()} for t, ps in a.items()}
@@ -97,18 +141,18 @@ def arrow_timestamp_type(kafka_type: int) -> int:
 
 
 def read_range(conf: Mapping[str, Any], rng: OffsetRange, include_headers: bool, timeout_s: float,
-               batch_rows: int = ARROW_BATCH_ROWS) -> Iterator[Any]:
+               batch_rows: int = ARROW_BATCH_ROWS, group_id: str | None = None) -> Iterator[Any]:
     """Yield pyarrow RecordBatches holding exactly the deliverable records of ``rng``.
 
-    Raises TimeoutError if the consumer cannot reach ``rng.end`` within ``timeout_s`` (it stalls
-    only if the broker lost data or an open transaction moved the LSO below a planned end, which a
-    correct broker never does).
+    Raises TimeoutError if the consumer's position stops moving below ``rng.end`` for ``timeout_s``
+    (it stalls only if the broker lost data or an open transaction moved the LSO below a planned
+    end, which a correct broker never does); a long range that keeps moving never times out.
     """
     import pyarrow as pa
     from confluent_kafka import Consumer
 
-    consumer = Consumer({**conf, "group.id": f"oncelog-spark-reader-{uuid.uuid4()}", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "auto.offset.reset": "error"})
+    consumer = Consumer({**conf, "group.id": group_id or f"oncelog-spark-source-{uuid.uuid4()}-executor",
+                         "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "error"})
     schema = pa.schema(_arrow_fields(pa, include_headers))
     cols: dict[str, list[Any]] = {f.name: [] for f in schema}
 
@@ -150,6 +194,34 @@ def _arrow_fields(pa: Any, include_headers: bool) -> list[Any]:
     return fields
 
 
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Where a read starts or ends: ``earliest``, ``latest``, per-partition ``offsets`` (-2/-1 for
+    earliest/latest), one ``timestamp`` for every partition, or per-partition ``timestamps``."""
+
+    kind: str
+    option: str
+    offsets: dict[str, dict[int, int]] | None = None
+    timestamp: int | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], side: str, default: str) -> OffsetSpec:
+        """Spark's precedence: ``{side}Timestamp`` > ``{side}OffsetsByTimestamp`` > ``{side}Offsets``."""
+        ts_name, by_ts_name, off_name = f"{side}Timestamp", f"{side}OffsetsByTimestamp", f"{side}Offsets"
+        if has_option(options, ts_name):
+            ts = get_int(options, ts_name, None, minimum=0)
+            return cls("timestamp", ts_name, timestamp=ts)
+        if has_option(options, by_ts_name):
+            per = parse_partition_json(get_option(options, by_ts_name) or "", by_ts_name, "timestamp")
+            if any(v < 0 for ps in per.values() for v in ps.values()):
+                raise ValueError(f"option {by_ts_name!r}: timestamps must be >= 0 (milliseconds since the epoch)")
+            return cls("timestamps", by_ts_name, offsets=per)
+        spec = parse_offsets_spec(get_option(options, off_name, default) or default, off_name)
+        if isinstance(spec, str):
+            return cls(spec, off_name)
+        return cls("offsets", off_name, offsets=spec)
+
+
 class KafkaMetadata:
     """Driver-side view of topics and offsets, through one lazily created consumer.
 
@@ -165,7 +237,19 @@ class KafkaMetadata:
         self.assign = parse_assign(assign) if assign else None
         if sum(x is not None for x in (self.subscribe, self.pattern, self.assign)) != 1:
             raise ValueError("exactly one of 'subscribe', 'subscribePattern' or 'assign' is required")
-        self.timeout_s = (get_int(options, "kafkaConsumer.pollTimeoutMs", 120_000) or 120_000) / 1000
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise ValueError(f"option 'subscribePattern': not a regular expression: {exc}") from None
+        self.timeout_s = (get_int(options, "kafkaConsumer.pollTimeoutMs", 120_000, minimum=1) or 120_000) / 1000
+        self.connect_timeout_s = (get_int(options, "connectTimeoutMs", DEFAULT_CONNECT_TIMEOUT_MS, minimum=1)
+                                  or DEFAULT_CONNECT_TIMEOUT_MS) / 1000
+        self.retries = get_int(options, "fetchOffset.numRetries", 3, minimum=0) or 0
+        self.retry_interval_s = (get_int(options, "fetchOffset.retryIntervalMs", 1000, minimum=0) or 0) / 1000
+        self.fixed_group = self.conf.pop("group.id", None)
+        prefix = get_option(options, "groupIdPrefix", "oncelog-spark-source") or "oncelog-spark-source"
+        self.group_base = f"{prefix}-{uuid.uuid4()}"
         self._consumer: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -173,23 +257,60 @@ class KafkaMetadata:
         state["_consumer"] = None
         return state
 
+    @property
+    def driver_group(self) -> str:
+        return self.fixed_group or f"{self.group_base}-driver-0"
+
+    @property
+    def executor_group(self) -> str:
+        return self.fixed_group or f"{self.group_base}-executor"
+
+    @property
+    def bootstrap(self) -> str:
+        return str(self.conf.get("bootstrap.servers"))
+
     def consumer(self) -> Any:
         if self._consumer is None:
             from confluent_kafka import Consumer
 
-            self._consumer = Consumer({**self.conf, "group.id": f"oncelog-spark-driver-{uuid.uuid4()}",
-                                       "enable.auto.commit": False})
+            self._consumer = Consumer({**self.conf, "group.id": self.driver_group, "enable.auto.commit": False})
         return self._consumer
+
+    def check(self) -> None:
+        """At query start: librdkafka accepts the ``kafka.*`` options, and the cluster answers within
+        ``connectTimeoutMs`` (ConnectionError naming the address otherwise)."""
+        from confluent_kafka import KafkaException
+
+        check_client_config({**self.conf, "group.id": self.driver_group}, producer=False)
+        try:
+            self.consumer().list_topics(timeout=self.connect_timeout_s)
+        except KafkaException as exc:
+            self.close()
+            raise ConnectionError(f"cannot reach the Kafka cluster at {self.bootstrap} within "
+                                  f"{self.connect_timeout_s:g}s (option connectTimeoutMs): {exc}") from None
 
     def close(self) -> None:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
 
+    def _retrying(self, what: str, fn: Any) -> Any:
+        from confluent_kafka import KafkaException
+
+        for attempt in range(self.retries + 1):
+            try:
+                return fn()
+            except KafkaException as exc:
+                if attempt >= self.retries:
+                    raise RuntimeError(f"{what} from {self.bootstrap} failed after {attempt + 1} attempt(s) "
+                                       f"(fetchOffset.numRetries={self.retries}): {exc}") from None
+                time.sleep(self.retry_interval_s)
+        raise AssertionError("unreachable")
+
     def partitions(self) -> dict[str, list[int]]:
         if self.assign is not None:
             return {t: list(ps) for t, ps in self.assign.items()}
-        md = self.consumer().list_topics(timeout=self.timeout_s)
+        md = self._retrying("listing topics", lambda: self.consumer().list_topics(timeout=self.timeout_s))
         if self.subscribe is not None:
             wanted = [t.strip() for t in self.subscribe.split(",") if t.strip()]
         else:
@@ -211,21 +332,75 @@ class KafkaMetadata:
         out: dict[str, dict[str, tuple[int, int]]] = {}
         for t, ps in parts.items():
             for p in ps:
-                low, high = c.get_watermark_offsets(TopicPartition(t, p), timeout=self.timeout_s, cached=False)
+                low, high = self._retrying(f"offsets of {t}-{p}", lambda t=t, p=p: c.get_watermark_offsets(
+                    TopicPartition(t, p), timeout=self.timeout_s, cached=False))
                 out.setdefault(t, {})[str(p)] = (int(low), int(high))
         return out
 
-    def resolve(self, spec: str | dict[str, dict[int, int]], default_new: str) -> Offsets:
-        """Turn ``earliest`` / ``latest`` / JSON into concrete offsets for every current partition."""
-        marks = self.watermarks(self.partitions())
+    def offsets_for_times(self, wanted: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
+        """The first offset at or after each timestamp (-1: none yet), below the LSO when read_committed."""
+        from confluent_kafka import TopicPartition
+
+        tps = [TopicPartition(t, p, ts) for t, ps in wanted.items() for p, ts in ps.items()]
+        if not tps:
+            return {}
+        found = self._retrying("offsets by timestamp", lambda: self.consumer().offsets_for_times(
+            tps, timeout=self.timeout_s))
+        out: dict[str, dict[int, int]] = {}
+        for tp in found:
+            if tp.error is not None:
+                raise RuntimeError(f"offset for timestamp in {tp.topic}-{tp.partition}: {tp.error}")
+            out.setdefault(tp.topic, {})[tp.partition] = int(tp.offset)
+        return out
+
+    def resolve(self, spec: OffsetSpec | str | dict[str, dict[int, int]], default_new: str = "earliest",
+                strategy: str = "error", ending: bool = False) -> Offsets:
+        """Concrete offsets for every current partition.
+
+        Per-partition specs (offsets or timestamps) must name every partition, as in Spark. A
+        timestamp with no record at or after it resolves to the latest offset for an ending spec
+        or with ``startingOffsetsByTimestampStrategy=latest``, and is an error otherwise.
+        """
+        if not isinstance(spec, OffsetSpec):  # the older call form: earliest/latest/JSON offsets
+            spec = OffsetSpec(spec, "startingOffsets") if isinstance(spec, str) else \
+                OffsetSpec("offsets", "startingOffsets", offsets=spec)
+        parts = self.partitions()
+        marks = self.watermarks(parts)
+        if spec.offsets is not None:
+            want = {(t, p) for t, ps in parts.items() for p in ps}
+            given = {(t, p) for t, ps in spec.offsets.items() for p in ps}
+            if want != given:
+                missing = sorted(want - given)
+                extra = sorted(given - want)
+                raise ValueError(f"option {spec.option!r} must name every partition of the subscription, as in "
+                                 f"Spark: missing {[f'{t}-{p}' for t, p in missing]}, "
+                                 f"not subscribed {[f'{t}-{p}' for t, p in extra]}")
+        by_time: dict[str, dict[int, int]] = {}
+        if spec.kind == "timestamp":
+            by_time = self.offsets_for_times({t: {p: cast(int, spec.timestamp) for p in ps}
+                                              for t, ps in parts.items()})
+        elif spec.kind == "timestamps":
+            by_time = self.offsets_for_times(cast(dict, spec.offsets))
         resolved: Offsets = {}
         for t, ps in marks.items():
             for p, (low, high) in ps.items():
-                if isinstance(spec, str):
-                    want = EARLIEST if spec == "earliest" else LATEST
+                if spec.kind in ("earliest", "latest"):
+                    off = low if spec.kind == "earliest" else high
+                elif spec.kind == "offsets":
+                    want_off = cast(dict, spec.offsets)[t][int(p)]
+                    off = low if want_off == EARLIEST else high if want_off == LATEST else want_off
                 else:
-                    want = spec.get(t, {}).get(int(p), EARLIEST if default_new == "earliest" else LATEST)
-                resolved.setdefault(t, {})[p] = low if want == EARLIEST else high if want == LATEST else want
+                    found = by_time.get(t, {}).get(int(p), -1)
+                    if found < 0:
+                        if not ending and strategy != "latest":
+                            ts = spec.timestamp if spec.timestamp is not None else cast(dict, spec.offsets)[t][int(p)]
+                            raise ValueError(
+                                f"option {spec.option!r}: no offset in {t}-{p} for timestamp {ts} (no committed "
+                                "record at or after it); set startingOffsetsByTimestampStrategy=latest to start "
+                                "such partitions at the latest offset")
+                        found = high
+                    off = found
+                resolved.setdefault(t, {})[p] = off
         return resolved
 
 
@@ -247,10 +422,16 @@ def _check_data_loss(start: Offsets, marks: dict[str, dict[str, tuple[int, int]]
 
 try:  # pragma: no cover - exercised only with pyspark installed
     from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxRows,
+        ReadMinRows,
+        SupportsTriggerAvailableNow,
+    )
 except ImportError:  # pragma: no cover
     DataSourceReader = DataSourceStreamReader = InputPartition = object  # type: ignore[assignment,misc]
-    ReadAllAvailable = ReadLimit = ReadMaxRows = SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]
+    ReadAllAvailable = ReadLimit = ReadMaxRows = ReadMinRows = SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]
 
 
 class RangePartition(InputPartition):
@@ -259,23 +440,52 @@ class RangePartition(InputPartition):
         self.rng = rng
 
 
+def _source_options(options: Mapping[str, str], streaming: bool) -> None:
+    if streaming:
+        for name in BATCH_ONLY_OPTIONS:
+            if has_option(options, name):
+                raise ValueError(f"option {name!r} is not supported in streaming queries (as in Spark's Kafka "
+                                 "source): a stream has no end; use it in a batch read (spark.read)")
+    check_known(options, SOURCE_OPTIONS, "source")
+    strategy = (get_option(options, "startingOffsetsByTimestampStrategy", "error") or "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise ValueError(f"option 'startingOffsetsByTimestampStrategy' must be error or latest, not {strategy!r}")
+    get_int(options, "maxOffsetsPerTrigger", None, minimum=1)
+    get_int(options, "minOffsetsPerTrigger", None, minimum=1)
+    get_int(options, "minPartitions", None, minimum=1)
+    get_duration_ms(options, "maxTriggerDelay", 15 * 60_000)
+    get_bool(options, "includeHeaders", False)
+    get_bool(options, "failOnDataLoss", True)
+
+
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader. Runs its planning methods on the driver, ``read`` on executors."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
+        _source_options(options, streaming=True)
         self.meta = KafkaMetadata(options)
         self.include_headers = get_bool(options, "includeHeaders", False)
         self.fail_on_data_loss = get_bool(options, "failOnDataLoss", True)
-        starting = get_option(options, "startingOffsets", "latest") or "latest"
-        self.starting = parse_offsets_spec(starting, "startingOffsets")
-        self.max_rows = get_int(options, "maxOffsetsPerTrigger", None)
+        self.starting = OffsetSpec.parse(options, "starting", "latest")
+        self.strategy = (get_option(options, "startingOffsetsByTimestampStrategy", "error") or "error").lower()
+        self.max_rows = get_int(options, "maxOffsetsPerTrigger", None, minimum=1)
+        self.min_rows = get_int(options, "minOffsetsPerTrigger", None, minimum=1)
+        self.max_trigger_delay_ms = get_duration_ms(options, "maxTriggerDelay", 15 * 60_000)
+        self.min_partitions = get_int(options, "minPartitions", None, minimum=1)
+        self.mirror_group = get_option(options, "commitOffsetsToGroup") or None
         self._available_now: Offsets | None = None
+        self._last_trigger_ms = 0.0  # as Spark's lastTriggerMillis: the first batch is never delayed
+        self.meta.check()
 
     def initialOffset(self) -> dict:
-        return self.meta.resolve(self.starting, "earliest")
+        return self.meta.resolve(self.starting, strategy=self.strategy)
 
     def getDefaultReadLimit(self) -> Any:
-        return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
+        if self.max_rows:
+            return ReadMaxRows(self.max_rows)
+        if self.min_rows:
+            return ReadMinRows(self.min_rows)
+        return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         marks = self.meta.watermarks(self.meta.partitions())
@@ -289,9 +499,25 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = min_offsets(latest, self._available_now)
         # Never move a partition backwards (an LSO query can race a truncation we chose to skip).
         latest = {t: {p: max(o, start.get(t, {}).get(p, o)) for p, o in ps.items()} for t, ps in latest.items()}
-        if isinstance(limit, ReadMaxRows):
-            latest = apply_max_rows(start, latest, int(limit.max_rows))
+        if isinstance(limit, ReadAllAvailable):  # Trigger.Once asks for everything, as in Spark
+            return latest
+        if self.min_rows and self._available_now is None and self._delay(start, latest):
+            return start
+        if self.max_rows:
+            latest = apply_max_rows(start, latest, self.max_rows)
         return latest
+
+    def _delay(self, start: Offsets, latest: Offsets) -> bool:
+        """Spark's ``delayBatch``: wait for minOffsetsPerTrigger new offsets, at most maxTriggerDelay."""
+        now = time.time() * 1000
+        if now - self._last_trigger_ms >= self.max_trigger_delay_ms:
+            self._last_trigger_ms = now
+            return False
+        available = sum(o - start.get(t, {}).get(p, o) for t, ps in latest.items() for p, o in ps.items())
+        if available < (self.min_rows or 0):
+            return True
+        self._last_trigger_ms = now
+        return False
 
     def reportLatestOffset(self) -> dict | None:
         marks = self.meta.watermarks(self.meta.partitions())
@@ -300,37 +526,70 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> Sequence[Any]:
         marks = self.meta.watermarks({t: [int(p) for p in ps] for t, ps in end.items()})
         start = _check_data_loss(start, marks, self.fail_on_data_loss)
-        return [RangePartition(r) for r in plan_ranges(start, end)]
+        return [RangePartition(r) for r in split_ranges(plan_ranges(start, end), self.min_partitions)]
 
     def read(self, partition: Any) -> Iterator[Any]:
-        return read_range(self.meta.conf, partition.rng, self.include_headers, self.meta.timeout_s)
+        return read_range(self.meta.conf, partition.rng, self.include_headers, self.meta.timeout_s,
+                          group_id=self.meta.executor_group)
 
     def commit(self, end: dict) -> None:
-        return None
+        if self.mirror_group:
+            commit_to_group(self.meta, self.mirror_group, end)
 
     def stop(self) -> None:
         self.meta.close()
 
 
+def commit_to_group(meta: KafkaMetadata, group: str, end: Offsets) -> None:
+    """Mirror ``end`` (offsets Spark has committed) into consumer group ``group`` for lag tools.
+
+    Best effort and one way: the query never reads these back (it resumes from its checkpoint),
+    and a failure (no group ACL, an active member in that group) is logged, not raised.
+    """
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    offsets = [TopicPartition(t, int(p), int(o)) for t, ps in end.items() for p, o in ps.items()]
+    if not offsets:
+        return
+    c = Consumer({**meta.conf, "group.id": group, "enable.auto.commit": False})
+    try:
+        c.commit(offsets=offsets, asynchronous=False)
+    except KafkaException as exc:
+        log.warning("could not mirror offsets into consumer group %s: %s", group, exc)
+    finally:
+        c.close()
+
+
 class KafkaBatchReader(DataSourceReader):
-    """Batch read of ``[startingOffsets, endingOffsets)`` (defaults: earliest, latest)."""
+    """Batch read of ``[startingOffsets, endingOffsets)`` (defaults: earliest, latest); the
+    timestamp forms and ``minPartitions`` as in Spark."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
+        _source_options(options, streaming=False)
         self.meta = KafkaMetadata(options)
         self.include_headers = get_bool(options, "includeHeaders", False)
-        self.starting = parse_offsets_spec(get_option(options, "startingOffsets", "earliest") or "earliest",
-                                           "startingOffsets")
-        self.ending = parse_offsets_spec(get_option(options, "endingOffsets", "latest") or "latest", "endingOffsets")
-        if self.starting == "latest" or self.ending == "earliest":
+        self.starting = OffsetSpec.parse(options, "starting", "earliest")
+        self.ending = OffsetSpec.parse(options, "ending", "latest")
+        self.strategy = (get_option(options, "startingOffsetsByTimestampStrategy", "error") or "error").lower()
+        self.min_partitions = get_int(options, "minPartitions", None, minimum=1)
+        if self.starting.kind == "latest" or self.ending.kind == "earliest":
             raise ValueError("batch reads need startingOffsets != latest and endingOffsets != earliest")
+        if self.starting.kind == "offsets" and any(o == LATEST for ps in (self.starting.offsets or {}).values()
+                                                   for o in ps.values()):
+            raise ValueError("option 'startingOffsets': -1 (latest) is not allowed in a batch read")
+        if self.ending.kind == "offsets" and any(o == EARLIEST for ps in (self.ending.offsets or {}).values()
+                                                 for o in ps.values()):
+            raise ValueError("option 'endingOffsets': -2 (earliest) is not allowed in a batch read")
+        self.meta.check()
 
     def partitions(self) -> Sequence[Any]:
         try:
-            start = self.meta.resolve(self.starting, "earliest")
-            end = self.meta.resolve(self.ending, "latest")
+            start = self.meta.resolve(self.starting, strategy=self.strategy)
+            end = self.meta.resolve(self.ending, ending=True)
         finally:
             self.meta.close()
-        return [RangePartition(r) for r in plan_ranges(start, end)]
+        return [RangePartition(r) for r in split_ranges(plan_ranges(start, end), self.min_partitions)]
 
     def read(self, partition: Any) -> Iterator[Any]:
-        return read_range(self.meta.conf, partition.rng, self.include_headers, self.meta.timeout_s)
+        return read_range(self.meta.conf, partition.rng, self.include_headers, self.meta.timeout_s,
+                          group_id=self.meta.executor_group)

@@ -31,6 +31,10 @@ class OffsetOutOfRangeError(StorageError):
     pass
 
 
+class InvalidTimestampError(StorageError):
+    """A CreateTime record outside message.timestamp.before/after.max.ms (INVALID_TIMESTAMP)."""
+
+
 class ProducerStateError(StorageError):
     """An append refused by the producer state (idempotence, epochs, transactions).
 

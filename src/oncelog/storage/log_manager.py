@@ -15,12 +15,21 @@ import json
 import logging
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from oncelog.clock import Clock
 from oncelog.storage import fileio
-from oncelog.storage.config import LogConfig
+from oncelog.storage.config import (
+    BrokerLayers,
+    DescribedConfig,
+    LogConfig,
+    check_combination,
+    describe_topic_configs,
+    parse_broker_configs,
+    parse_topic_configs,
+)
 from oncelog.storage.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
@@ -66,7 +75,11 @@ class LogManager:
         self.dir_state = LogDirState()
         self._topics: dict[str, TopicInfo] = {}
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
+        self.broker_configs = self._load_broker_configs()
+        self._defaults = self.broker_configs.effective_defaults()
+        self.leader_epoch = 0
         self._load()
+        self._take_leadership()
 
     # --- metadata --------------------------------------------------------------------------------
     def _meta_path(self) -> Path:
@@ -83,7 +96,7 @@ class LogManager:
             self._topics[info.name] = info
         expected = set()
         for info in self._topics.values():
-            cfg = self.config_for(info)
+            cfg = self._stored_config(info)
             for p in range(info.num_partitions):
                 d = self._dir(info.name, p)
                 expected.add(d.name)
@@ -94,6 +107,20 @@ class LogManager:
                 log.warning("removing directory %s of a deleted or unknown topic", d)
                 fileio.fs.rmtree(d)
 
+    def _take_leadership(self) -> None:
+        """Each start of the broker is a new leader epoch for every partition (as a restarted Kafka
+        broker is re-elected with a bumped epoch), so clients detect a log that lost its tail
+        (KIP-101/KIP-320). The epoch is one number for the broker, above every epoch any partition
+        has seen, written durably before any partition uses it."""
+        path = self.meta_dir / "leader-epoch"
+        stored = fileio.read_file(path)
+        previous = int(stored) if stored is not None and stored.strip().isdigit() else -1
+        seen = max((p.epochs.latest_epoch for p in self._partitions.values()), default=-1)
+        self.leader_epoch = max(previous, seen) + 1
+        fileio.fs.write_atomic(path, str(self.leader_epoch).encode())
+        for plog in self._partitions.values():
+            plog.become_leader(self.leader_epoch)
+
     def _save(self) -> None:
         doc = {"topics": [{"name": t.name, "topic_id": str(t.topic_id), "num_partitions": t.num_partitions,
                            "configs": t.configs, "internal": t.is_internal} for t in self._topics.values()]}
@@ -102,8 +129,25 @@ class LogManager:
     def _dir(self, topic: str, partition: int) -> Path:
         return self.data_dir / f"{topic}-{partition}"
 
+    def _stored_config(self, info: TopicInfo) -> LogConfig:
+        """The config of a topic loaded from disk; an override this version refuses (written by
+        another version) is ignored with an error rather than keeping the broker from starting."""
+        try:
+            return self.config_for(info)
+        except InvalidConfigError as exc:
+            good = {}
+            for k, v in info.configs.items():
+                try:
+                    self._validated_config({k: v})
+                    good[k] = v
+                except InvalidConfigError:
+                    pass
+            log.error("topic %s: ignoring stored config overrides %s: %s", info.name,
+                      sorted(set(info.configs) - set(good)), exc)
+            return self._defaults.with_topic_configs(good)
+
     def config_for(self, info: TopicInfo) -> LogConfig:
-        return self.default_config.with_topic_configs(dict(info.configs))
+        return self._defaults.with_topic_configs(dict(info.configs))
 
     # --- topics ----------------------------------------------------------------------------------
     def topics(self) -> dict[str, TopicInfo]:
@@ -119,10 +163,7 @@ class LogManager:
         for other in self._topics:
             if other.replace(".", "_") == collides:
                 raise InvalidTopicError(f"topic {name!r} collides with existing topic {other!r} ('.' vs '_')")
-        try:
-            return self.default_config.with_topic_configs(dict(configs))
-        except InvalidConfigError:
-            raise
+        return self._validated_config(configs)
 
     def create_topic(self, name: str, num_partitions: int, configs: dict[str, str], *,
                      internal: bool = False) -> TopicInfo:
@@ -134,6 +175,7 @@ class LogManager:
             if d.exists():
                 fileio.fs.rmtree(d)
             self._partitions[(name, p)] = PartitionLog(d, name, p, cfg, self.clock, self.dir_state)
+            self._partitions[(name, p)].become_leader(self.leader_epoch)
         self._topics[name] = info
         self._save()
         return info
@@ -154,18 +196,85 @@ class LogManager:
         for p in range(info.num_partitions, new_total):
             self._partitions[(name, p)] = PartitionLog(self._dir(name, p), name, p, cfg, self.clock,
                                                        self.dir_state)
+            self._partitions[(name, p)].become_leader(self.leader_epoch)
         info.num_partitions = new_total
         self._save()
-
-    def topic_configs(self, name: str) -> dict[str, tuple[str, bool]]:
-        info = self._topics[name]
-        return self.config_for(info).to_topic_configs(info.configs)
 
     def get_partition(self, topic: str, partition: int) -> PartitionLog | None:
         return self._partitions.get((topic, partition))
 
     def partitions(self) -> dict[tuple[str, int], PartitionLog]:
         return self._partitions
+
+    # --- dynamic configuration (IncrementalAlterConfigs / AlterConfigs / DescribeConfigs) --------
+    # Topic overrides live in topics.json; dynamic broker configs in broker-configs.json:
+    # {"node": {...}, "cluster": {...}} (per-broker and cluster-wide default, Kafka's two scopes).
+    # A change is validated against the whole resulting set, persisted (write_atomic), then every
+    # affected partition gets its new LogConfig at once (PartitionLog.set_config): the next
+    # append, roll, retention pass or flush uses it.
+
+    def _broker_configs_path(self) -> Path:
+        return self.meta_dir / "broker-configs.json"
+
+    def _load_broker_configs(self) -> BrokerLayers:
+        raw = fileio.read_file(self._broker_configs_path())
+        doc = json.loads(raw) if raw else {}
+        scopes: list[dict[str, str]] = []
+        for scope in ("node", "cluster"):
+            kept = {}
+            for k, v in dict(doc.get(scope, {})).items():
+                try:
+                    parse_broker_configs({k: v})
+                    kept[k] = v
+                except InvalidConfigError as exc:  # written by another version: ignored, not fatal
+                    log.error("ignoring the stored dynamic broker config %s=%r: %s", k, v, exc)
+            scopes.append(kept)
+        return BrokerLayers(scopes[0], scopes[1], self.default_config)
+
+    def _validated_config(self, configs: Mapping[str, str | None], defaults: LogConfig | None = None) -> LogConfig:
+        """The LogConfig a topic with these overrides would have; InvalidConfigError if any is bad."""
+        parsed = parse_topic_configs(configs)
+        base = self._defaults if defaults is None else defaults
+        cfg = base.with_values(parsed)
+        check_combination(cfg, parsed)
+        return cfg
+
+    def alter_topic_configs(self, name: str, configs: dict[str, str], *, validate_only: bool = False) -> None:
+        """Replace topic ``name``'s overrides with ``configs`` (the whole set), live."""
+        info = self._topics[name]
+        cfg = self._validated_config(dict(configs))
+        if validate_only:
+            return
+        info.configs = dict(configs)
+        self._save()
+        for p in range(info.num_partitions):
+            self._partitions[(name, p)].set_config(cfg)
+
+    def alter_broker_configs(self, scope: str, configs: dict[str, str], *, validate_only: bool = False) -> None:
+        """Replace the dynamic broker configs of ``scope`` ("node" or "cluster"), live: every topic
+        without its own override of a changed config takes the new default."""
+        parse_broker_configs(configs)  # raises on a bad value of a config that defaults a topic config
+        node = dict(configs) if scope == "node" else dict(self.broker_configs.node)
+        cluster = dict(configs) if scope == "cluster" else dict(self.broker_configs.cluster)
+        layers = BrokerLayers(node, cluster, self.default_config)
+        defaults = layers.effective_defaults()
+        new_configs = {t: self._validated_config(dict(info.configs), defaults) for t, info in self._topics.items()}
+        if validate_only:
+            return
+        fileio.fs.write_atomic(self._broker_configs_path(),
+                               json.dumps({"node": node, "cluster": cluster}, indent=1).encode())
+        self.broker_configs = layers
+        self._defaults = defaults
+        for (topic, _p), plog in self._partitions.items():
+            plog.set_config(new_configs[topic])
+
+    def describe_topic_configs(self, name: str) -> list[DescribedConfig]:
+        return describe_topic_configs(self._topics[name].configs, self.broker_configs)
+
+    def min_flush_interval_ms(self) -> int:
+        """The shortest flush.ms of any partition: how often the background flush must look."""
+        return min((plog.config.flush_interval_ms for plog in self._partitions.values()),
+                   default=self.default_config.flush_interval_ms)
 
     # --- maintenance -----------------------------------------------------------------------------
     def flush_all(self, now_ms: int, force: bool = False) -> None:

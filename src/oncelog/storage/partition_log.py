@@ -21,15 +21,18 @@ from __future__ import annotations
 
 import bisect
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from oncelog.clock import Clock
+from oncelog.protocol import compression
 from oncelog.protocol import records as rb
 from oncelog.storage import fileio
-from oncelog.storage.config import LogConfig
-from oncelog.storage.errors import OffsetOutOfRangeError, RecordTooLargeError
+from oncelog.storage.config import INT64_MAX, LogConfig
+from oncelog.storage.errors import InvalidTimestampError, OffsetOutOfRangeError, RecordTooLargeError
+from oncelog.storage.leader_epoch_cache import LeaderEpochCache
 from oncelog.storage.log_segment import LogSegment
 from oncelog.storage.producer_state import (
     AppendOrigin,
@@ -100,7 +103,15 @@ class PartitionLog:
         self.recovery_point = 0
         self.last_flush_ms = clock.now_ms()
         self._lso_cache: int | None = None
+        # Leader epochs (KIP-101/320): this broker's epoch, stamped on every appended batch, and the
+        # epoch -> start offset history (see leader_epoch_cache; become_leader sets the epoch).
+        self.leader_epoch = 0
+        self.epochs = LeaderEpochCache(directory)
+        self._epoch_unwritten = False
         self._load()
+        self.epochs.truncate_from_end(self.log_end_offset)
+        self.epochs.truncate_from_start(self.log_start_offset)
+        self._roll_jitter_ms = self._jitter_for(self.active.base_offset)
 
     # --- offsets ---------------------------------------------------------------------------------
     @property
@@ -117,8 +128,10 @@ class PartitionLog:
 
     @property
     def last_stable_offset(self) -> int:
+        """Never below the log start: DeleteRecords may pass an open transaction's first offset
+        (Kafka bounds it by the high watermark only), and the transaction stays open."""
         first = self.producer_state.first_unstable_offset()
-        return self.active.next_offset if first is None else first
+        return self.active.next_offset if first is None else max(first, self.log_start_offset)
 
     @property
     def size_in_bytes(self) -> int:
@@ -189,6 +202,8 @@ class PartitionLog:
             found_batches = seg.recover(start_pos, validate=True, partition=self.name)
             scanned_batches += len(found_batches)
             self._replay(seg, found_batches)
+            for _pos, header in found_batches:  # the unflushed tail's epochs, from the batches
+                self.epochs.assign(header.partition_leader_epoch, header.base_offset)
             if i + 1 < len(self.segments) and seg.next_offset != self.segments[i + 1].base_offset:
                 # A gap after a truncated segment: everything after it is unreachable and unflushed.
                 for later in self.segments[i + 1 :]:
@@ -226,9 +241,22 @@ class PartitionLog:
                     seg.txn_index.append(AbortedTxn(done.producer_id, done.first_offset, done.last_offset,
                                                     lso_before))
 
+    # --- leader epochs ---------------------------------------------------------------------------
+    def become_leader(self, epoch: int) -> None:
+        """Lead this partition in ``epoch`` from the log end offset on (Kafka's makeLeader assigns
+        the epoch's start offset at once, so OffsetForLeaderEpoch is right before any append)."""
+        self.leader_epoch = epoch
+        dirty = self.epochs.dirty
+        self.epochs.assign(epoch, self.log_end_offset)
+        self.epochs.dirty = dirty  # an epoch with no record yet need not be durable...
+        self._epoch_unwritten = True  # ...until its first append
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(epoch, end offset) as OffsetForLeaderEpoch answers; (-1, -1) when unknown."""
+        return self.epochs.end_offset_for(epoch, self.log_end_offset)
+
     # --- appends ---------------------------------------------------------------------------------
-    def append(self, records: bytes | bytearray, *, origin: AppendOrigin = AppendOrigin.CLIENT,
-               leader_epoch: int = 0) -> AppendResult:
+    def append(self, records: bytes | bytearray, *, origin: AppendOrigin = AppendOrigin.CLIENT) -> AppendResult:
         """Validate and append whole batches; offsets are assigned here. See the module docstring."""
         self._check_online()
         batches = rb.split_batches(records)
@@ -236,7 +264,7 @@ class PartitionLog:
         controls: list[rb.ControlMarker | None] = []
         needs_producer_state = False
         for pos, header in batches:
-            if header.size > max_bytes:
+            if header.size > max_bytes and origin is AppendOrigin.CLIENT:
                 raise RecordTooLargeError(f"batch of {header.size} bytes exceeds max.message.bytes {max_bytes}")
             if header.is_control:
                 if origin is AppendOrigin.CLIENT:
@@ -246,6 +274,9 @@ class PartitionLog:
                 controls.append(None)
             if header.producer_id >= 0:
                 needs_producer_state = True
+        now = self.clock.now_ms()
+        if origin is AppendOrigin.CLIENT:
+            records, batches = self._validate_client_batches(records, batches, now)
         headers = [h for _, h in batches]
         plan = None
         if needs_producer_state:
@@ -253,15 +284,20 @@ class PartitionLog:
             if plan.duplicate is not None:
                 first, last = plan.duplicate
                 return AppendResult(first, last, -1, self.log_start_offset, duplicate=True)
-        now = self.clock.now_ms()
         self._maybe_roll(now, len(records))
         buf = bytearray(records)
         offset = self.log_end_offset
         placed: list[tuple[int, rb.BatchHeader]] = []
         base_offsets: list[int] = []
         log_append_time = self.config.log_append_time
+        if self.epochs.latest_epoch != self.leader_epoch:
+            self.epochs.assign(self.leader_epoch, offset)
+        elif self._epoch_unwritten:
+            self.epochs.dirty = True
+        self._epoch_unwritten = False
         for pos, header in batches:
             rb.set_base_offset(buf, pos, offset)
+            rb.set_partition_leader_epoch(buf, pos, self.leader_epoch)
             if log_append_time:
                 rb.set_log_append_time(buf, pos, now)
             placed.append((pos, rb.read_header(buf, pos)))
@@ -275,16 +311,70 @@ class PartitionLog:
                 if done.is_aborted:
                     seg.txn_index.append(AbortedTxn(done.producer_id, done.first_offset, done.last_offset,
                                                     lso_before))
-        if self.config.flush_every_append:
+        if self.config.flush_every_append or \
+                self.log_end_offset - self.recovery_point >= self.config.flush_messages:
             self.flush()
         return AppendResult(base_offsets[0], offset - 1, now if log_append_time else -1, self.log_start_offset)
+
+    def _validate_client_batches(self, records: bytes | bytearray, batches: list[tuple[int, rb.BatchHeader]],
+                                 now: int) -> tuple[bytes | bytearray, list[tuple[int, rb.BatchHeader]]]:
+        """What Kafka's LogValidator does with the topic's config: CreateTime records outside
+        message.timestamp.before/after.max.ms are refused, and batches are recompressed to
+        compression.type unless it is ``producer`` or already theirs (then the bytes stay as sent)."""
+        cfg = self.config
+        before, after = cfg.timestamp_before_max_ms, cfg.timestamp_after_max_ms
+        if not cfg.log_append_time and (before < INT64_MAX or after < INT64_MAX):
+            for pos, header in batches:
+                view = memoryview(records)[pos : pos + header.size]
+                for offset, ts in compression.record_timestamps(view, header):
+                    if now - ts > before or ts - now > after:
+                        raise InvalidTimestampError(
+                            f"Timestamp {ts} of record {offset - header.base_offset} of the batch is out of range. "
+                            f"The timestamp should be within [{now - before}, {now + after}]")
+        target = compression.BY_NAME.get(cfg.compression_type)
+        if target is None or all(compression.codec_of(h) == target for _, h in batches):
+            return records, batches
+        level = {compression.GZIP: cfg.compression_gzip_level, compression.LZ4: cfg.compression_lz4_level,
+                 compression.ZSTD: cfg.compression_zstd_level}.get(target)
+        out = bytearray()
+        placed: list[tuple[int, rb.BatchHeader]] = []
+        for pos, header in batches:
+            view = memoryview(records)[pos : pos + header.size]
+            new = bytes(view) if compression.codec_of(header) == target else \
+                compression.recompress_batch(view, header, target, None if level == -1 else level)
+            if len(new) > cfg.max_message_bytes:
+                raise RecordTooLargeError(f"batch of {len(new)} bytes after recompression to {cfg.compression_type} "
+                                          f"exceeds max.message.bytes {cfg.max_message_bytes}")
+            placed.append((len(out), rb.read_header(new)))
+            out += new
+        return out, placed
 
     def _maybe_roll(self, now_ms: int, incoming: int) -> None:
         seg = self.active
         if seg.size == 0:
             return
-        if seg.size + incoming > self.config.segment_bytes or now_ms - seg.created_ms >= self.config.segment_ms:
+        cfg = self.config
+        if seg.size + incoming > cfg.segment_bytes or \
+                now_ms - seg.created_ms >= cfg.segment_ms - self._roll_jitter_ms or \
+                len(seg.offset_index.positions) >= cfg.segment_index_bytes // 8 or \
+                len(seg.time_index.timestamps) >= cfg.segment_index_bytes // 12:
             self.roll(now_ms)
+
+    def _jitter_for(self, base_offset: int) -> int:
+        """segment.jitter.ms: a per-segment random part taken off segment.ms (Kafka's
+        randomSegmentJitter), seeded by the segment so it is the same after a restart."""
+        cfg = self.config
+        if cfg.segment_jitter_ms <= 0:
+            return 0
+        return random.Random(f"{self.name}:{base_offset}").randrange(min(cfg.segment_jitter_ms, cfg.segment_ms))
+
+    # --- live configuration ----------------------------------------------------------------------
+    def set_config(self, config: LogConfig) -> None:
+        """Run with ``config`` from now on (AlterConfigs, a dynamic broker config): the next
+        append, roll, retention pass and flush read it. Segments keep their files as they are."""
+        self.config = config
+        self.active.index_interval_bytes = config.index_interval_bytes
+        self._roll_jitter_ms = self._jitter_for(self.active.base_offset)
 
     def roll(self, now_ms: int | None = None) -> None:
         """Start a new active segment at the log end offset (flushing the old one); the new file's
@@ -292,6 +382,7 @@ class PartitionLog:
         now = self.clock.now_ms() if now_ms is None else now_ms
         self._guarded(self.active.flush)
         self.segments.append(LogSegment(self.directory, self.log_end_offset, now, self.config.index_interval_bytes))
+        self._roll_jitter_ms = self._jitter_for(self.log_end_offset)
         self._guarded(lambda: fileio.fs.fsync_dir(self.directory))
 
     # --- reads -----------------------------------------------------------------------------------
@@ -438,8 +529,12 @@ class PartitionLog:
         end = self.log_end_offset
         self.last_flush_ms = self.clock.now_ms()
         if end == self.recovery_point:
+            if self.epochs.dirty:  # moved by retention or DeleteRecords
+                self._guarded(self.epochs.write)
             return
         self.sync()
+        if self.epochs.dirty:  # after the data it points into is durable
+            self._guarded(self.epochs.write)
         aborted = {seg.base_offset: len(seg.txn_index.entries) for seg in self.segments if seg.txn_index.entries}
         self._guarded(lambda: write_snapshot(self.directory / SNAPSHOT_FILE,
                                              self.producer_state.snapshot_bytes(end, aborted)))
@@ -485,17 +580,31 @@ class PartitionLog:
                      self.log_start_offset)
         return deleted
 
-    def delete_records(self, before_offset: int) -> None:
-        if before_offset > self.high_watermark:
-            raise OffsetOutOfRangeError(f"{before_offset} is beyond the high watermark of {self.name}")
+    def delete_records(self, before_offset: int) -> int:
+        """DeleteRecords (Kafka's maybeIncrementLogStartOffset): move the log start to
+        ``before_offset`` (durably), delete the segments wholly below it; returns the log start.
+
+        Bounded by the high watermark only: the log start may pass an open transaction's first
+        offset; the transaction stays open (the LSO is never below the log start) and the producer
+        state is kept, as in Kafka since KIP-360. Segments above the recovery point are flushed
+        first, as retention does, so the producer-state snapshot never lags a deleted segment."""
+        if before_offset > self.high_watermark or before_offset < 0:
+            raise OffsetOutOfRangeError(f"Cannot increment the log start offset to {before_offset} of partition "
+                                        f"{self.name} since it is larger than the high watermark "
+                                        f"{self.high_watermark}" if before_offset >= 0 else
+                                        f"The offset {before_offset} for partition {self.name} is not valid")
         if before_offset > self.log_start_offset:
             self._set_log_start(before_offset)
-            deleted = False
-            while len(self.segments) > 1 and self.segments[1].base_offset <= before_offset:
+            doomed = 0
+            while doomed + 1 < len(self.segments) and self.segments[doomed + 1].base_offset <= before_offset:
+                doomed += 1
+            if doomed and self.segments[doomed - 1].next_offset > self.recovery_point:
+                self.flush()
+            for _ in range(doomed):
                 self.segments.pop(0).delete()
-                deleted = True
-            if deleted:
+            if doomed:
                 self._after_delete()
+        return self.log_start_offset
 
     def _after_delete(self) -> None:
         """Segments were deleted: make that durable."""
@@ -503,6 +612,7 @@ class PartitionLog:
 
     def _set_log_start(self, offset: int) -> None:
         self.log_start_offset = max(self.log_start_offset, offset)
+        self.epochs.truncate_from_start(self.log_start_offset)
         self._guarded(lambda: _write_int_file(self.directory / LOG_START_FILE, self.log_start_offset))
 
     # --- lifecycle -------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""CreateTopics, DeleteTopics, CreatePartitions and DescribeConfigs.
+"""CreateTopics, DeleteTopics and CreatePartitions (DescribeConfigs and the AlterConfigs are in
+``configs``, DeleteRecords and DescribeLogDirs in ``records``).
 
 A single node: replication factor must be -1 or 1, manual replica assignments may only name this
 broker. Internal topics (``__transaction_state``, ``__consumer_offsets``) cannot be deleted.
@@ -13,17 +14,12 @@ from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request
 from oncelog.server.authz import Op, R, allowed, create_topic_allowed
 from oncelog.storage import errors as storage_errors
+from oncelog.storage.config import describe_topic_configs
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
 
 log = logging.getLogger("oncelog.server")
-
-RESOURCE_TOPIC = 2
-RESOURCE_BROKER = 4
-SOURCE_DYNAMIC_TOPIC = 1
-SOURCE_STATIC_BROKER = 4
-SOURCE_DEFAULT = 5
 
 
 def _storage_error(exc: Exception) -> ErrorCode:
@@ -36,6 +32,13 @@ def _storage_error(exc: Exception) -> ErrorCode:
     if isinstance(exc, storage_errors.InvalidConfigError):
         return ErrorCode.invalid_config
     return ErrorCode.unknown_server_error
+
+
+def _created_configs(broker: Broker, overrides: dict[str, str]) -> list[dict[str, Any]]:
+    """CreateTopics v5+: the new topic's configs as DescribeConfigs would show them."""
+    return [{"name": d.name, "value": d.value, "read_only": False, "config_source": int(d.source),
+             "is_sensitive": False}
+            for d in describe_topic_configs(overrides, broker.logs.broker_configs)]
 
 
 def handle_create_topics(broker: Broker, req: Request) -> dict[str, Any]:
@@ -75,6 +78,7 @@ def handle_create_topics(broker: Broker, req: Request) -> dict[str, Any]:
                     entry.update(topic_id=info.topic_id, num_partitions=info.num_partitions,
                                  replication_factor=1)
                     log.info("created topic %s with %d partition(s)", t.name, n)
+                entry["configs"] = _created_configs(broker, configs)
             except storage_errors.StorageError as exc:
                 entry.update(error_code=_storage_error(exc), error_message=str(exc))
         out.append(entry)
@@ -132,59 +136,3 @@ def handle_create_partitions(broker: Broker, req: Request) -> dict[str, Any]:
                 entry.update(error_code=_storage_error(exc), error_message=str(exc))
         out.append(entry)
     return {"throttle_time": 0, "results": out}
-
-
-def _broker_configs(broker: Broker) -> dict[str, str]:
-    c = broker.config
-    return {
-        "broker.id": str(c.node_id),
-        "auto.create.topics.enable": str(c.auto_create_topics_enable).lower(),
-        "num.partitions": str(c.num_partitions),
-        "log.segment.bytes": str(c.log_segment_bytes),
-        "log.retention.ms": str(c.log_retention_ms),
-        "log.retention.bytes": str(c.log_retention_bytes),
-        "log.flush.interval.ms": str(c.flush_interval_ms),
-        "message.max.bytes": str(c.message_max_bytes),
-        "transaction.max.timeout.ms": str(c.transaction_max_timeout_ms),
-        "socket.request.max.bytes": str(c.socket_request_max_bytes),
-    }
-
-
-def handle_describe_configs(broker: Broker, req: Request) -> dict[str, Any]:
-    body = req.body
-    results = []
-    for r in body.resources:
-        keys = set(r.configuration_keys) if r.configuration_keys is not None else None
-        entry: dict[str, Any] = {"error_code": ErrorCode.none, "error_message": None,
-                                 "resource_type": r.resource_type, "resource_name": r.resource_name,
-                                 "configs": []}
-        if r.resource_type == RESOURCE_TOPIC:
-            info = broker.logs.topics().get(r.resource_name)
-            if not allowed(broker, req, Op.DESCRIBE_CONFIGS, R.TOPIC, r.resource_name):
-                entry["error_code"] = ErrorCode.topic_authorization_failed
-            elif info is None:
-                entry["error_code"] = ErrorCode.unknown_topic_or_partition
-            else:
-                items = broker.logs.topic_configs(r.resource_name)
-                entry["configs"] = [
-                    {"name": name, "value": value, "read_only": False, "is_default": is_default,
-                     "config_source": SOURCE_DEFAULT if is_default else SOURCE_DYNAMIC_TOPIC,
-                     "is_sensitive": False, "synonyms": [], "config_type": 0, "documentation": None}
-                    for name, (value, is_default) in sorted(items.items())
-                    if keys is None or name in keys]
-        elif r.resource_type == RESOURCE_BROKER:
-            if not allowed(broker, req, Op.DESCRIBE_CONFIGS, R.CLUSTER):
-                entry["error_code"] = ErrorCode.cluster_authorization_failed
-            elif r.resource_name not in ("", str(broker.config.node_id)):
-                entry["error_code"] = ErrorCode.invalid_request
-            else:
-                entry["configs"] = [
-                    {"name": name, "value": value, "read_only": True, "is_default": False,
-                     "config_source": SOURCE_STATIC_BROKER, "is_sensitive": False, "synonyms": [],
-                     "config_type": 0, "documentation": None}
-                    for name, value in sorted(_broker_configs(broker).items())
-                    if keys is None or name in keys]
-        else:
-            entry.update(error_code=ErrorCode.invalid_request, error_message="unsupported resource type")
-        results.append(entry)
-    return {"throttle_time": 0, "results": results}

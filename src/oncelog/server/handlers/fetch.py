@@ -5,6 +5,8 @@ one of its partitions (Kafka's delayed fetch). Response size follows KIP-74: ``m
 the whole response and ``partition_max_bytes`` each partition, except that the first partition
 with data always returns at least one whole batch so a large batch can never stall a consumer.
 Fetch sessions (KIP-227) are declined by answering session id 0: clients then send full fetches.
+v9+ checks the fetcher's current leader epoch (FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH) and v12+
+answers a diverging epoch when the fetcher's last fetched epoch ended before its fetch offset.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request, td_ms
 from oncelog.server.authz import Op, R, allowed
+from oncelog.server.handlers.leader_epochs import leader_epoch_error
 from oncelog.storage import errors as storage_errors
 
 if TYPE_CHECKING:
@@ -53,8 +56,28 @@ def read_fetch(broker: Broker, body: Any, isolation_level: int, max_bytes: int,
                 parts.append(_partition_error(index, ErrorCode.unknown_topic_or_partition))
                 errored = True
                 continue
+            epoch_error = leader_epoch_error(plog, getattr(fp, "current_leader_epoch", -1))
+            if epoch_error != ErrorCode.none:
+                parts.append(_partition_error(index, epoch_error, plog))
+                errored = True
+                continue
             upper = plog.last_stable_offset if isolation_level == READ_COMMITTED else plog.high_watermark
             fetch_offset = fp.fetch_offset
+            last_fetched_epoch = getattr(fp, "last_fetched_epoch", -1)
+            if last_fetched_epoch >= 0:
+                # KIP-320/595: the fetcher says which epoch its last record had; if this log's
+                # history disagrees, answer where that epoch ended instead of records.
+                epoch, end = plog.end_offset_for_epoch(last_fetched_epoch)
+                if epoch == -1 or end == -1:
+                    parts.append(_partition_error(index, ErrorCode.offset_out_of_range, plog))
+                    errored = True
+                    continue
+                if epoch < last_fetched_epoch or end < fetch_offset:
+                    parts.append({**_partition_error(index, ErrorCode.none, plog),
+                                  "aborted_transactions": [] if isolation_level == READ_COMMITTED else None,
+                                  "diverging_epoch": {"epoch": epoch, "end_offset": end}})
+                    errored = True
+                    continue
             if fetch_offset < plog.log_start_offset or fetch_offset > plog.log_end_offset:
                 parts.append(_partition_error(index, ErrorCode.offset_out_of_range, plog))
                 errored = True

@@ -1,6 +1,7 @@
 """ListOffsets: earliest (-2), latest (-1, the LSO for read_committed), max timestamp (-3, v7+) and
 offsets by timestamp. An answer at or past the LSO (read_committed) or high watermark is -1, as in
-Kafka's Partition.fetchOffsetForTimestamp."""
+Kafka's Partition.fetchOffsetForTimestamp. v4+: the request's current leader epoch is checked and
+each answer carries the epoch of the offset (the current one for latest)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request
 from oncelog.server.authz import Op, R, allowed
+from oncelog.server.handlers.leader_epochs import leader_epoch_error
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
@@ -33,11 +35,15 @@ def handle_list_offsets(broker: Broker, req: Request) -> dict[str, Any]:
                 entry["error_code"] = ErrorCode.topic_authorization_failed
             elif plog is None:
                 entry["error_code"] = ErrorCode.unknown_topic_or_partition
+            elif (epoch_error := leader_epoch_error(plog, getattr(p, "current_leader_epoch", -1))) != 0:
+                entry["error_code"] = epoch_error
             elif p.timestamp == LATEST_TIMESTAMP:
                 entry["offset"] = (plog.last_stable_offset if isolation_level == READ_COMMITTED
                                    else plog.high_watermark)
+                entry["leader_epoch"] = plog.leader_epoch
             elif p.timestamp == EARLIEST_TIMESTAMP:
                 entry["offset"] = plog.log_start_offset
+                entry["leader_epoch"] = plog.epochs.epoch_for_offset(plog.log_start_offset)
             elif p.timestamp < 0 and not (p.timestamp == MAX_TIMESTAMP and req.api_version >= 7):
                 entry["error_code"] = ErrorCode.unsupported_version
             else:
@@ -48,6 +54,7 @@ def handle_list_offsets(broker: Broker, req: Request) -> dict[str, Any]:
                     bound = plog.last_stable_offset if isolation_level == READ_COMMITTED else plog.high_watermark
                     if offset < bound:
                         entry["offset"], entry["timestamp"] = offset, ts
+                        entry["leader_epoch"] = plog.epochs.epoch_for_offset(offset)
             parts.append(entry)
         topics_out.append({"name": t.name, "partitions": parts})
     return {"throttle_time": 0, "topics": topics_out}

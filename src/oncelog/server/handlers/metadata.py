@@ -1,7 +1,7 @@
 """ApiVersions, Metadata and DescribeCluster: how clients discover the broker and its topics.
 
-The broker reports itself as the only node, leader of every partition, with leader epoch -1 so
-that librdkafka never calls OffsetForLeaderEpoch.
+The broker reports itself as the only node, leader of every partition, with its leader epoch
+(bumped at each start, see ``leader_epochs``): clients use it to detect a log that lost its tail.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def topic_metadata(broker: Broker, req: Request, name: str, info: Any) -> dict[s
     want_ops = bool(getattr(req.body, "include_topic_authorized_operations", False))
     return {
         "error_code": ErrorCode.none, "name": name, "topic_id": info.topic_id, "is_internal": info.is_internal,
-        "partitions": [{"error_code": ErrorCode.none, "partition_index": p, "leader_id": node, "leader_epoch": -1,
+        "partitions": [{"error_code": ErrorCode.none, "partition_index": p, "leader_id": node,
+                        "leader_epoch": broker.logs.leader_epoch,
                         "replica_nodes": [node], "isr_nodes": [node], "offline_replicas": []}
                        for p in range(info.num_partitions)],
         "topic_authorized_operations": authorized_operations(broker, req, R.TOPIC, name, want_ops),

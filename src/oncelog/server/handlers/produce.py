@@ -62,6 +62,11 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
     code = broker.check_produce(first.producer_id, first.producer_epoch, first.is_transactional, topic, partition)
     if code != ErrorCode.none:
         return _error(partition, code)
+    if req.body.acks == -1 and plog.config.min_insync_replicas > 1:
+        # The in-sync replica set of a single node is itself (Kafka's Partition.appendRecordsToLeader).
+        return _error(partition, ErrorCode.not_enough_replicas,
+                      f"The size of the current ISR (1) is insufficient to satisfy the min.isr requirement of "
+                      f"{plog.config.min_insync_replicas} for partition {topic}-{partition}")
     try:
         result = plog.append(data)
     except records.InvalidRecordError as exc:
@@ -69,6 +74,8 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
         return _error(partition, ErrorCode.corrupt_message, str(exc))
     except storage_errors.RecordTooLargeError as exc:
         return _error(partition, ErrorCode.message_too_large, str(exc))
+    except storage_errors.InvalidTimestampError as exc:
+        return _error(partition, ErrorCode.invalid_timestamp, str(exc))
     except storage_errors.ProducerStateError as exc:
         return _error(partition, ErrorCode(exc.error_code), str(exc))
     except StorageOfflineError as exc:

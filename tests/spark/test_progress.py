@@ -1,0 +1,139 @@
+"""The progress topic: created compacted (or kept forever where compaction is refused), with the
+cluster's default replication factor, read from a snapshot instead of offset 0 by a fresh worker,
+and guarded against a changed partition count."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from oncelog.spark.guarantees import Guarantee
+from oncelog.spark.progress import (
+    SNAPSHOT_EVERY,
+    Committed,
+    ProgressLayoutError,
+    ProgressLog,
+    clear_cache,
+    progress_key,
+    progress_value,
+)
+from oncelog.spark.sink import SinkSettings, TaskIdentity, write_partition
+from oncelog.testing.broker_process import BrokerProcess, create_topic
+
+
+class _Future:
+    def __init__(self, error: KafkaError | None) -> None:
+        self.error = error
+
+    def result(self, timeout: float) -> None:
+        if self.error is not None:
+            raise KafkaException(self.error)
+
+
+class _Metadata:
+    def __init__(self, topics: dict[str, Any]) -> None:
+        self.topics = topics
+
+
+class _FakeAdmin:
+    """Answers CreateTopics like a broker that refuses the configs in ``refuse`` (INVALID_CONFIG)."""
+
+    def __init__(self, refuse: tuple[str, ...] = ()) -> None:
+        self.refuse = refuse
+        self.created: list[Any] = []
+
+    def list_topics(self, timeout: float, topic: str | None = None) -> _Metadata:
+        return _Metadata({})
+
+    def create_topics(self, topics: list[Any]) -> dict[str, _Future]:
+        (t,) = topics
+        self.created.append(t)
+        bad = any(t.config.get(k) == v for k, v in (c.split("=") for c in self.refuse))
+        return {t.topic: _Future(KafkaError(KafkaError.INVALID_CONFIG) if bad else None)}
+
+
+def test_created_compacted_with_the_clusters_default_replication_factor() -> None:
+    admin = _FakeAdmin()
+    assert ProgressLog({"bootstrap.servers": "x:1"}, "p", 3).ensure_topic(admin) == 3
+    (t,) = admin.created
+    assert t.config == {"cleanup.policy": "compact"}
+    assert t.replication_factor == -1 and t.num_partitions == 3
+
+
+def test_refused_compaction_falls_back_to_retention_off_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    admin = _FakeAdmin(refuse=("cleanup.policy=compact",))
+    with caplog.at_level(logging.WARNING, logger="oncelog.spark"):
+        ProgressLog({"bootstrap.servers": "x:1"}, "p", 2, replication_factor=3).ensure_topic(admin)
+    assert [t.config.get("cleanup.policy") for t in admin.created] == ["compact", "delete"]
+    assert admin.created[1].config["retention.ms"] == "-1" and admin.created[1].replication_factor == 3
+    assert "refused cleanup.policy=compact" in caplog.text
+
+
+def test_our_broker_refuses_compaction_and_gets_a_topic_kept_forever(broker: BrokerProcess,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    bs = broker.bootstrap
+    with caplog.at_level(logging.WARNING, logger="oncelog.spark"):
+        assert ProgressLog({"bootstrap.servers": bs}, "progress-kept", 2).ensure_topic() == 2
+    assert "refused cleanup.policy=compact" in caplog.text
+    res = ConfigResource(ConfigResource.Type.TOPIC, "progress-kept")
+    admin = AdminClient({"bootstrap.servers": bs})  # must outlive its future
+    configs = admin.describe_configs([res])[res].result(timeout=15)
+    assert configs["retention.ms"].value == "-1"
+    # An existing topic is adopted with its partition count, whatever progress.partitions says.
+    assert ProgressLog({"bootstrap.servers": bs}, "progress-kept", 16).ensure_topic() == 2
+
+
+def test_a_replication_factor_the_cluster_refuses_is_named(broker: BrokerProcess) -> None:
+    with pytest.raises(ValueError, match=r"replication factor 3 .*progress.replicationFactor"):
+        ProgressLog({"bootstrap.servers": broker.bootstrap}, "progress-rf", 2, replication_factor=3).ensure_topic()
+
+
+def test_a_fresh_worker_reads_from_a_snapshot_not_from_offset_zero(broker: BrokerProcess) -> None:
+    from confluent_kafka import Producer
+
+    bs = broker.bootstrap
+    create_topic(bs, "out", 1)
+    settings = SinkSettings(client={"bootstrap.servers": bs}, guarantee=Guarantee.exactly_once, topic="out",
+                            progress_topic="progress-snap", progress_partitions=1, timeout_s=30)
+    settings.progress().ensure_topic()
+    sink = settings.sink_id("q")
+    early, busy = progress_key("q-early/out", 0), progress_key(sink, 0)
+    history = 3 * SNAPSHOT_EVERY
+    p = Producer({"bootstrap.servers": bs})
+    p.produce("progress-snap", key=early.encode(), value=progress_value(7, 3, 1), partition=0)
+    for b in range(history):
+        p.produce("progress-snap", key=busy.encode(), value=progress_value(b, 1, 1), partition=0)
+    p.flush(15)
+
+    clear_cache()
+    # The next task reads the whole history once and leaves a snapshot in its transaction.
+    assert not write_partition([(None, b"x", None, None, None)], TaskIdentity("q", history, 0), settings).skipped
+    clear_cache()  # a fresh Python worker
+    log = ProgressLog({"bootstrap.servers": bs}, "progress-snap", 1)
+    state = log.read(0)
+    assert state.latest[busy] == Committed(history, 1) and state.latest[early] == Committed(7, 3)
+    assert log.last_read_records <= 2 * SNAPSHOT_EVERY + 5 < history, log.last_read_records
+    again = log.read(0)  # the same worker: from its cached position
+    assert log.last_read_records == 0 and again.latest == state.latest
+
+
+def test_a_changed_partition_count_is_refused(broker: BrokerProcess) -> None:
+    bs = broker.bootstrap
+    create_topic(bs, "out", 1)
+    s = SinkSettings(client={"bootstrap.servers": bs}, guarantee=Guarantee.exactly_once, topic="out",
+                     progress_topic="progress-layout", progress_partitions=2, timeout_s=30)
+    s.progress().ensure_topic()
+    write_partition([(None, b"x", None, None, None)], TaskIdentity("q", 0, 0), s)
+    clear_cache()
+    with pytest.raises(ProgressLayoutError, match=r"has 4 partitions but .* written with 2"):
+        ProgressLog({"bootstrap.servers": bs}, "progress-layout", 4).read(0)
+
+
+def test_progress_values_are_json_with_the_partition_count() -> None:
+    assert json.loads(progress_value(3, 10, 16)) == {"batch_id": 3, "rows": 10, "parts": 16}
