@@ -2,8 +2,16 @@
 calls them (test_kafka_topics / test_kafka_cmd), done with the Admin API of confluent-kafka."""
 import sys
 
-from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
-                                   NewPartitions, NewTopic, ResourcePatternType, ResourceType)
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    NewPartitions,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
 
 
 def opts(argv):
@@ -44,7 +52,7 @@ def main():
         elif "delete" in o:
             wait(admin.delete_topics([t]))
         else:
-            sys.exit("unsupported kafka-topics.sh call: %r" % sys.argv)
+            sys.exit(f"unsupported kafka-topics.sh call: {sys.argv!r}")
     elif tool == "acls":
         allow = "allow-principal" in o
         b = AclBinding(ResourceType.TOPIC, o["topic"].strip("'"), ResourcePatternType.LITERAL,
