@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class StorageError(Exception):
     """Base class: an operation was refused and nothing was changed."""
@@ -47,7 +49,21 @@ class ProducerStateError(StorageError):
 
 
 class KeylessRecordError(ProducerStateError):
-    """A record without a key for a compacted topic (Kafka's LogValidator refuses it: INVALID_RECORD)."""
+    """Records without a key for a compacted topic (Kafka's LogValidator refuses them: INVALID_RECORD).
 
-    def __init__(self, message: str) -> None:
+    ``record_errors`` holds (index in the batch, message) for each of them: the Produce response
+    names them, so that clients fail exactly those records (librdkafka fails the others of the
+    batch with _INVALID_DIFFERENT_RECORD).
+    """
+
+    def __init__(self, message: str, record_errors: Sequence[tuple[int, str]] = ()) -> None:
         super().__init__(87, message)  # INVALID_RECORD
+        self.record_errors = list(record_errors)
+
+    @classmethod
+    def of(cls, topic_partition: str, indexes: Sequence[int]) -> KeylessRecordError:
+        """The error for these keyless records of one batch, worded as Kafka's LogValidator words it."""
+        each = f"Compacted topic cannot accept message without key in topic partition {topic_partition}"
+        shown = ", ".join(f"RecordError(batchIndex={i}, message='{each}')" for i in indexes[:3])
+        return cls(f"One or more records have been rejected due to {len(indexes)} record errors in total, "
+                   f"and only showing the first three errors at most: [{shown}]", [(i, each) for i in indexes])

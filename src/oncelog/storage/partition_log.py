@@ -290,10 +290,9 @@ class PartitionLog:
                 for pos, header in batches:
                     if header.is_control:
                         continue
-                    keyless = record_codec.first_keyless_record(memoryview(records)[pos:pos + header.size], header)
-                    if keyless is not None:
-                        raise KeylessRecordError(f"compacted topic {self.topic} cannot accept a record without a "
-                                                 f"key (record {keyless} of the batch)")
+                    keyless = record_codec.keyless_records(memoryview(records)[pos:pos + header.size], header)
+                    if keyless:
+                        raise KeylessRecordError.of(f"{self.topic}-{self.partition}", keyless)
         headers = [h for _, h in batches]
         plan = None
         if needs_producer_state:

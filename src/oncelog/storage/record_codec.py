@@ -120,12 +120,10 @@ def decode_records(batch: bytes | memoryview, header: rb.BatchHeader) -> list[Re
     return out
 
 
-def first_keyless_record(batch: bytes | memoryview, header: rb.BatchHeader) -> int | None:
-    """Offset delta of the first record without a key, or None (a compacted topic refuses those)."""
-    for r in decode_records(batch, header):
-        if r.key is None:
-            return r.offset - header.base_offset
-    return None
+def keyless_records(batch: bytes | memoryview, header: rb.BatchHeader) -> list[int]:
+    """Index in the batch of every record without a key (a compacted topic refuses those, and
+    Kafka names each one in the Produce response's record errors)."""
+    return [i for i, r in enumerate(decode_records(batch, header)) if r.key is None]
 
 
 # --- encoding --------------------------------------------------------------------------------------

@@ -79,6 +79,9 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
         return _error(partition, ErrorCode.message_too_large, str(exc))
     except storage_errors.InvalidTimestampError as exc:
         return _error(partition, ErrorCode.invalid_timestamp, str(exc))
+    except storage_errors.KeylessRecordError as exc:
+        return {**_error(partition, ErrorCode.invalid_record, str(exc)), "log_start_offset": plog.log_start_offset,
+                "record_errors": [{"batch_index": i, "batch_index_error_message": m} for i, m in exc.record_errors]}
     except storage_errors.ProducerStateError as exc:
         return _error(partition, ErrorCode(exc.error_code), str(exc))
     except StorageOfflineError as exc:
