@@ -182,3 +182,26 @@ def test_replacement_during_a_rebalance_survives_a_restart() -> None:
     assert gc.heartbeat("g", 2, s, "i-1") == FENCED
     assert gc.groups["g"].static_members["i-1"] == new_id
     assert gc.groups["g"].members[new_id].assignment == b"p1" and gc.groups["g"].generation_id == 2
+
+
+def test_a_static_member_expires_at_its_session_deadline_and_the_group_can_be_deleted() -> None:
+    """librdkafka's 0081_admin closes static consumers (no LeaveGroup), sleeps exactly the session
+    timeout and deletes their groups: Kafka's DelayedHeartbeat expires a member at
+    ``last heartbeat + session timeout``, so the group is Empty by then. The tick says when."""
+    h = GroupLog()
+    a = h.join(instance="i-1", session=6000).value
+    h.sync(a.member_id, 1, [(a.member_id, b"p0")], instance="i-1")
+    h.clock.advance(2000)
+    assert h.heartbeat(a.member_id, 1, "i-1") == ErrorCode.none
+    beat = h.clock.now_ms()
+    h.tick()
+    assert h.gc.next_timer_ms == beat + 6000  # the broker sleeps until then, not a fixed tick
+    h.clock.set(beat + 5999)
+    h.tick()
+    assert list(h.gc.groups["g"].members) == [a.member_id]
+    h.clock.set(beat + 6000)
+    h.tick()
+    g = h.gc.groups["g"]
+    assert not g.members and g.state is GroupState.EMPTY
+    errors, _records = h.gc.delete_groups(["g"])
+    assert errors == {"g": ErrorCode.none}

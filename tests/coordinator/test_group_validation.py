@@ -37,11 +37,12 @@ def test_stale_heartbeat_during_preparing_rebalance_is_refused_and_does_not_keep
     b_box = h.join(b)  # b rejoins at once and parks; a never rejoins
     assert h.gc.groups["g"].state is GroupState.PREPARING_REBALANCE and c.value is None
     assert h.heartbeat(a, 2) == ErrorCode.rebalance_in_progress  # current generation: told to rejoin
-    for _ in range(11):  # from now on only a stale thread of a heartbeats, every second
+    for _ in range(10):  # from now on only a stale thread of a heartbeats, every second
         h.clock.advance(1_000)
         assert h.heartbeat(a, 1) == ErrorCode.illegal_generation
         h.tick()
-    # a's session (10 s) ended: the rebalance completed without it, long before its 20 s timeout
+    # a's session (10 s) ended, at its deadline: the rebalance completed without it, long before
+    # its 20 s timeout
     g = h.gc.groups["g"]
     assert a not in g.members and set(g.members) == {b, c.value.member_id}
     assert c.value.generation_id == 3 and b_box.value.generation_id == 3

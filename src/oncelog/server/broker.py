@@ -136,7 +136,7 @@ class Broker:
             self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
             self.coordination.expire_transactions)))
         self._tasks.append(loop.create_task(self._every(60_000, self._expire_producers)))
-        self._tasks.append(loop.create_task(self._every(100, self.coordination.tick_groups)))
+        self._tasks.append(loop.create_task(self._group_timer()))
         self._tasks.append(loop.create_task(self._every(
             min(max(self.config.connections_max_idle_ms // 4, 100), 30_000), self._close_idle_connections)))
         self._tasks.append(loop.create_task(self._every(600_000, self.coordination.expire_offsets)))
@@ -219,6 +219,21 @@ class Broker:
                 self.storage_failed(exc)
             except Exception:
                 log.exception("background task %s failed", getattr(fn, "__name__", fn))
+
+    async def _group_timer(self) -> None:
+        """Group timers at most 100 ms apart, and at each deadline the last tick saw coming (a
+        session expires at its deadline, not up to a tick later). A deadline made after a tick is
+        at least the minimum session timeout away, so the next tick sees it in time."""
+        next_ms: int | None = None
+        while True:
+            wait_ms = 100 if next_ms is None else min(100, max(1, next_ms - self.clock.now_ms()))
+            await asyncio.sleep(wait_ms / 1000)
+            try:
+                next_ms = self.coordination.tick_groups()
+            except fileio.StorageOfflineError as exc:
+                self.storage_failed(exc)
+            except Exception:
+                log.exception("the group timer failed")
 
     def _flush_tick_ms(self) -> int:
         """The background flush looks as often as the shortest flush.ms of any topic (topic

@@ -313,8 +313,10 @@ class Coordination:
         """Persist membership changes (completed rebalances, groups becoming empty)."""
         self.apply_records_by_group(self.groups.take_records())
 
-    def tick_groups(self) -> None:
+    def tick_groups(self) -> int | None:
+        """Run the group timers; returns the earliest deadline ahead (ms, the groups' clock)."""
         self.apply_records_by_group(self.groups.tick())
+        return self.groups.next_timer_ms
 
     def expire_offsets(self) -> None:
         self.apply_records_by_group(self.groups.expire_offsets())

@@ -57,6 +57,8 @@ class GroupCoordinator:
             group_max_session_timeout_ms=group_max_session_timeout_ms,
             group_initial_rebalance_delay_ms=group_initial_rebalance_delay_ms)
         self.offset_store = OffsetMetadataManager()
+        #: The earliest membership deadline ahead as of the last :meth:`tick` (None: nothing due).
+        self.next_timer_ms: int | None = None
 
     # --- views the server and tests read -------------------------------------------------------------
     @property
@@ -104,8 +106,9 @@ class GroupCoordinator:
         return self.membership.take_records()
 
     def tick(self) -> list[Record]:
-        """Run the membership timers; returns the records they produced."""
-        self.membership.tick()
+        """Run the membership timers; returns the records they produced (the next timer's
+        deadline is then :attr:`next_timer_ms`)."""
+        self.next_timer_ms = self.membership.tick()
         return self.take_records()
 
     # --- offsets ------------------------------------------------------------------------------------

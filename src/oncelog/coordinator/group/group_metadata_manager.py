@@ -382,24 +382,38 @@ class GroupMetadataManager:
         self._maybe_complete_join(g, now)
 
     # --- timers -------------------------------------------------------------------------------------
-    def tick(self) -> None:
-        """Session expiry, join deadlines and pending member ids; records go to ``take_records``."""
+    def tick(self) -> int | None:
+        """Session expiry, join deadlines and pending member ids; records go to ``take_records``.
+
+        A member expires at its deadline, ``last_heartbeat_ms + session_timeout_ms``, as Kafka's
+        DelayedHeartbeat does (not a tick later: a client that waits exactly a session timeout
+        and then deletes the group, as librdkafka's 0081 does, must find it empty). Returns the
+        earliest deadline still ahead (a member's session, a pending member id, a rebalance's
+        initial delay or deadline), or None, so that the caller runs the next tick on time."""
         now = self.clock.now_ms()
+        upcoming: list[int] = []
         for g in list(self.groups.values()):
             for pid, expiry in list(g.pending_members.items()):
                 if now >= expiry:
                     del g.pending_members[pid]
+                else:
+                    upcoming.append(expiry)
             # Session expiry applies in every state, rebalances included: a dead member must not hold
             # a rebalance until the (much longer) rebalance timeout.
             # Members parked in JoinGroup or SyncGroup are waiting on the coordinator, not dead.
             expired = [mid for mid, m in g.members.items()
                        if m.awaiting_join is None and m.awaiting_sync is None
-                       and now - m.last_heartbeat_ms > m.session_timeout_ms]
+                       and now >= m.last_heartbeat_ms + m.session_timeout_ms]
             for mid in expired:
                 self._remove_member(g, mid)
             if expired:
                 self._after_removal(g, now)
             self._maybe_complete_join(g, now)
+            upcoming.extend(m.last_heartbeat_ms + m.session_timeout_ms for m in g.members.values()
+                            if m.awaiting_join is None and m.awaiting_sync is None)
+            if g.state is G.PREPARING_REBALANCE:
+                upcoming.extend(t for t in (g.initial_delay_until_ms, g.rebalance_deadline_ms) if t > now)
+        return min(upcoming, default=None)
 
     # --- questions the offsets side asks ------------------------------------------------------------
     def validate_offset_commit(self, group_id: str, generation_id: int, member_id: str,
