@@ -158,6 +158,11 @@ class CrashFS(fileio.FileSystem):
         super().close(fd)
         self.fds.pop(fd, None)
 
+    def dup(self, fd: int) -> int:
+        new = super().dup(fd)
+        self.fds[new] = self.fds[fd]
+        return new
+
     def append_durable(self, path: Path, data: bytes) -> None:
         self._op()
         super().append_durable(path, data)

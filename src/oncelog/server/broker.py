@@ -8,8 +8,10 @@ synchronous and are only ever called from that thread, so a handler that calls
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -30,6 +32,16 @@ from oncelog.storage.log_manager import LogManager
 log = logging.getLogger("oncelog.server")
 
 TopicPartition = tuple[str, int]
+
+
+def _fsync_and_close(fds: list[int]) -> None:
+    try:
+        for fd in fds:
+            fileio.fs.fsync(fd)
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                fileio.fs.close(fd)
 
 
 LOCK_FILE = ".lock"
@@ -72,6 +84,11 @@ class Broker:
         self.supported_versions = {k: v for k, v in SUPPORTED_VERSIONS.items() if k in HANDLERS}
         self.connections: set[Any] = set()
         self.queued_request_bytes = 0  # request bytes read and not yet handled, all connections
+        # One thread for the log directory's background flushes: fsync off the event loop.
+        self._flush_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-flush")
+        # And one for the fsyncs an acknowledgement waits for (flush_every_append): group commit.
+        self._sync_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-sync")
+        self._syncing: dict[str, asyncio.Future[None]] = {}
         self.produce_quota = QuotaManager(config.quota_producer_default)
         self.fetch_quota = QuotaManager(config.quota_consumer_default)
         self._waiters: dict[TopicPartition, set[asyncio.Future[None]]] = {}
@@ -159,7 +176,9 @@ class Broker:
 
     def close(self) -> None:
         """Flush and close every log, mark the stop clean, then release the data directory."""
-        self.logs.close()
+        self.logs.close()  # waits for flushes in flight
+        self._flush_executor.shutdown(wait=True)
+        self._sync_executor.shutdown(wait=True)
         if self.logs.dir_state.offline_reason is None:
             fileio.fs.write_atomic(self.config.data_dir / CLEAN_SHUTDOWN_FILE, b"")
         self.release_data_dir()
@@ -205,7 +224,50 @@ class Broker:
         return min(self.config.flush_interval_ms, self.logs.min_flush_interval_ms())
 
     def _flush(self) -> None:
-        self.logs.flush_all(self.clock.now_ms())
+        """Start the background flush of every partition that is due, each on the flush thread
+        (``fsync`` never runs on the event loop for it); each finishes back on the loop."""
+        loop = asyncio.get_running_loop()
+        for plog in self.logs.due_for_flush(self.clock.now_ms()):
+            job = plog.begin_flush()
+            if job is None:
+                continue
+            fut = loop.run_in_executor(self._flush_executor, job.run)
+            fut.add_done_callback(functools.partial(self._flush_finished, plog, job))
+
+    async def durable(self, plog: Any, offset: int) -> None:
+        """Return once ``plog`` is fsynced below ``offset`` (flush_every_append acknowledgements).
+
+        Group commit: the fsync runs on the sync thread, never on the event loop, and one fsync
+        covers every append made before it started, so concurrent producers share it. Raises
+        StorageOfflineError if the disk refuses (the log directory goes offline, the broker stops).
+        """
+        loop = asyncio.get_running_loop()
+        while plog.synced_end < offset:
+            running = self._syncing.get(plog.name)
+            if running is not None:
+                with contextlib.suppress(OSError):
+                    await asyncio.shield(running)  # the one who started it handles a failure
+                continue
+            end, fds = plog.plan_sync()
+            fut: asyncio.Future[None] = loop.run_in_executor(self._sync_executor, _fsync_and_close, fds)
+            self._syncing[plog.name] = fut
+            try:
+                await fut
+            except OSError as exc:
+                try:
+                    plog.sync_failed(exc)
+                except fileio.StorageOfflineError as offline:
+                    self.storage_failed(offline)
+                    raise
+            finally:
+                self._syncing.pop(plog.name, None)
+            plog.mark_synced(end)
+
+    def _flush_finished(self, plog: Any, job: Any, _future: Any = None) -> None:
+        try:
+            plog.finish_flush(job)
+        except fileio.StorageOfflineError as exc:
+            self.storage_failed(exc)
 
     def _expire_producers(self) -> None:
         self.logs.remove_expired_producers(self.clock.now_ms(), self.config.producer_id_expiration_ms)

@@ -47,6 +47,11 @@ class FileSystem:
     def close(self, fd: int) -> None:
         os.close(fd)
 
+    def dup(self, fd: int) -> int:
+        """A second descriptor of the same open file (a flush thread keeps the file open with it
+        even if the loop closes its own, e.g. when retention deletes the segment meanwhile)."""
+        return os.dup(fd)
+
     # --- whole files -------------------------------------------------------------------------------
     def append_durable(self, path: Path, data: bytes) -> None:
         """Append ``data`` to ``path`` (created if missing) and fsync the file."""
