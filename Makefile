@@ -22,6 +22,12 @@ $(STAMP): pyproject.toml scripts/check_java.sh
 		echo "installing PostgreSQL (Debian package) for the database sink tests"; \
 		(apt-get install -y -q postgresql >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q postgresql >/dev/null 2>&1)) || echo "PostgreSQL could not be installed; its tests will be skipped with a reason"; \
 	fi
+	@if ! command -v chromium >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Chromium (Debian package) for the report tests (headless rendering)"; \
+		(apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) || echo "Chromium could not be installed; the report rendering tests will fail saying so"; \
+	elif ! command -v chromium >/dev/null 2>&1; then \
+		echo "Chromium is missing and this is not root with apt-get: install Debian's chromium package, or the report rendering tests will fail saying so"; \
+	fi
 	@test -x $(BIN)/oncelog
 	@touch $(STAMP)
 
@@ -40,8 +46,10 @@ lint: setup
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 
+# Our broker and the Tansu broker side by side (about a quarter of an hour): the table in the terminal,
+# bench-report/report.html with the charts, bench-report/bench.json with every raw figure.
 bench: setup
-	$(BIN)/oncelog bench
+	$(BIN)/oncelog bench --out bench-report
 
 # A longer verify run with every fault, including SIGKILL/SIGSTOP of the broker (minutes).
 SOAK_DIR := $(shell mktemp -d -u /tmp/oncelog-soak.XXXXXX)
@@ -75,6 +83,8 @@ fuzz: setup
 		-p no:cacheprovider --timeout 0 tests/storage/test_power_cut.py
 	@if [ -n "$$ONCELOG_LAZYFS" ]; then $(MAKE) power-cut; \
 		else echo "fuzz: ONCELOG_LAZYFS is not set; the LazyFS power cuts were not run (make power-cut)"; fi
+	ONCELOG_FUZZ_SECONDS=$${ONCELOG_FUZZ_SECONDS:-1800} ONCELOG_FUZZ_SEED=$${SEED:-1} $(BIN)/python -m pytest -q \
+		-p no:cacheprovider --timeout 0 -s tests/server/test_fuzz_requests.py -k socket_fuzz
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -21,11 +21,11 @@ TOPIC, BROKER = 2, 4
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 DYNAMIC_TOPIC, DYNAMIC_BROKER, DYNAMIC_DEFAULT, STATIC, DEFAULT = 1, 2, 3, 4, 5
 
-# Kafka's topic configs (LogConfig, 3.x and 4.x), less the five the log-compaction work adds
-# (delete.retention.ms, min.cleanable.dirty.ratio, min/max.compaction.lag.ms; cleanup.policy is here
-# with today's rule), each with a valid value that is not its default.
+# Kafka's topic configs (LogConfig, 3.x and 4.x), each with a valid value that is not its default.
 VALID = {
-    "cleanup.policy": "delete", "compression.type": "lz4", "compression.gzip.level": "5",
+    "cleanup.policy": "compact,delete", "delete.retention.ms": "1000", "min.cleanable.dirty.ratio": "0.25",
+    "min.compaction.lag.ms": "10", "max.compaction.lag.ms": "100000", "compression.type": "lz4",
+    "compression.gzip.level": "5",
     "compression.lz4.level": "12", "compression.zstd.level": "-5", "file.delete.delay.ms": "1000",
     "flush.messages": "100000", "flush.ms": "5000", "follower.replication.throttled.replicas": "0:1,1:1",
     "index.interval.bytes": "1024", "leader.replication.throttled.replicas": "*", "local.retention.bytes": "-2",
@@ -56,7 +56,11 @@ INVALID = [  # (name, value, words of the message)
     ("leader.replication.throttled.replicas", "0:1,*", "literal '*'"),
     ("message.format.version", "banana", "not a valid version"),
     ("remote.storage.enable", "true", "Tiered Storage"),
-    ("cleanup.policy", "compact", "only cleanup.policy=delete"),
+    ("cleanup.policy", "compact,shred", "String must be one of: compact, delete"),
+    ("cleanup.policy", "compact,compact", "each policy may appear once"),
+    ("min.cleanable.dirty.ratio", "1.5", "no more than 1"),
+    ("delete.retention.ms", "-1", "at least 0"),
+    ("max.compaction.lag.ms", "0", "at least 1"),
     ("dummy.doesntexist", "x", "Unknown topic config name"),
 ]
 
@@ -195,9 +199,15 @@ def test_incremental_set_delete_append_subtract(b: InProcessBroker) -> None:
     assert configs_of(b, "t")["leader.replication.throttled.replicas"].value == "0:1,2:1"
     code, msg = incremental(b, TOPIC, "t", [("leader.replication.throttled.replicas", APPEND, "*")])
     assert code == ErrorCode.invalid_config
-    # cleanup.policy is a LIST: APPEND compact is validated by its rule (delete only, until compaction).
-    code, msg = incremental(b, TOPIC, "t", [("cleanup.policy", APPEND, "compact")])
-    assert code == ErrorCode.invalid_config and "delete" in (msg or "")
+    # cleanup.policy is a LIST: APPEND compact makes it compact,delete (the log cleaner takes it up
+    # live); APPEND of a policy that does not exist is validated by its rule.
+    assert incremental(b, TOPIC, "t", [("cleanup.policy", APPEND, "compact")])[0] == 0
+    assert configs_of(b, "t")["cleanup.policy"].value == "delete,compact"
+    assert plog(b, "t").config.compact and plog(b, "t").config.delete
+    code, msg = incremental(b, TOPIC, "t", [("cleanup.policy", APPEND, "shred")])
+    assert code == ErrorCode.invalid_config and "compact, delete" in (msg or "")
+    code, msg = incremental(b, TOPIC, "t", [("min.compaction.lag.ms", SET, "10"), ("max.compaction.lag.ms", SET, "5")])
+    assert code == ErrorCode.invalid_config and "min.compaction.lag.ms" in (msg or "")
     code, msg = incremental(b, TOPIC, "t", [("nope", APPEND, "x")])
     assert code == ErrorCode.invalid_config and "Unknown topic config name" in (msg or "")
 
@@ -474,7 +484,7 @@ def test_stored_configs_this_version_refuses_do_not_stop_the_broker(b: InProcess
     doc = json.loads((meta / "topics.json").read_text())
     for t in doc["topics"]:
         if t["name"] == "t":
-            t["configs"]["cleanup.policy"] = "compact"  # e.g. written by a version with compaction
+            t["configs"]["cleanup.policy"] = "shred"  # e.g. written by a version with another policy
     (meta / "topics.json").write_text(json.dumps(doc))
     node = {"log.retention.ms": "x", "log.segment.bytes": "2000"}
     (meta / "broker-configs.json").write_text(json.dumps({"node": node, "cluster": {}}))

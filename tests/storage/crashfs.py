@@ -7,7 +7,9 @@ Model (what POSIX promises, what LazyFS enforces, what ext4/xfs do in the worst 
   on disk after a cut (each dirty 4 KiB page independently, with probability ``writeback``; with
   0 it is LazyFS's clear-cache: every unsynced write is lost);
 - a name (create, rename, unlink, mkdir) is durable once its directory was fsynced; an unsynced
-  name change survives a cut with probability ``writeback`` too;
+  name change survives a cut with probability ``writeback`` too. A rename is one change: its
+  source disappears exactly when its target appears (journaling file systems commit a rename
+  atomically; without that, a cut could leave the renamed inode with no name at all);
 - ``cut_after(n)`` arms a cut: the n-th mutating operation from now raises ``PowerCut`` before it
   takes effect, anywhere in the broker (mid-flush, between two fsyncs of a commit, ...).
 
@@ -85,6 +87,7 @@ class CrashFS(fileio.FileSystem):
         self.dirs: set[Path] = set()
         self.durable_dirs: set[Path] = set()
         self.fds: dict[int, int] = {}
+        self.renames: dict[Path, tuple[Path, int]] = {}  # target -> (source, inode), not yet durable
         self._next_inode = 0
         self.countdown: int | None = None
         self.ops = 0
@@ -187,7 +190,10 @@ class CrashFS(fileio.FileSystem):
     def replace(self, src: Path, dst: Path) -> None:
         self._op()
         super().replace(src, dst)
-        self.names[self._key(dst)] = self.names.pop(self._key(src))
+        ino = self.names.pop(self._key(src))
+        self.names[self._key(dst)] = ino
+        self.renames.pop(self._key(src), None)
+        self.renames[self._key(dst)] = (self._key(src), ino)
 
     def unlink(self, path: Path) -> None:
         self._op()
@@ -221,6 +227,8 @@ class CrashFS(fileio.FileSystem):
         for name, ino in self.names.items():
             if name.parent == key:
                 self.durable_names[name] = ino
+        self.renames = {dst: (src, ino) for dst, (src, ino) in self.renames.items()
+                        if dst.parent != key or src.parent != key}
         gone = {d for d in self.durable_dirs if d.parent == key and d not in self.dirs}
         self.durable_dirs -= {g for g in gone}
         self.durable_dirs -= {d for d in self.durable_dirs if any(g in d.parents for g in gone)}
@@ -234,10 +242,18 @@ class CrashFS(fileio.FileSystem):
         for d in self.dirs - self.durable_dirs:  # an unsynced mkdir the kernel happened to write back
             if rng.random() < writeback:
                 dirs.add(d)
+        paired: set[Path] = set()
+        for dst, (src, ino) in self.renames.items():
+            if self.names.get(dst) != ino or src in self.names:
+                continue  # overwritten or recreated since: its parts are ordinary name changes
+            paired |= {dst, src}
+            if rng.random() < writeback:  # the rename reached the disk: both halves of it
+                names[dst] = ino
+                names.pop(src, None)
         for name, ino in self.names.items():
-            if names.get(name) != ino and rng.random() < writeback:
+            if name not in paired and names.get(name) != ino and rng.random() < writeback:
                 names[name] = ino
-        for name in [n for n in names if n not in self.names]:
+        for name in [n for n in names if n not in self.names and n not in paired]:
             if rng.random() < writeback:
                 del names[name]  # an unsynced unlink or rename that reached the disk
 

@@ -5,14 +5,18 @@ and unlimited timestamps keep batches opaque).
 
 Formats are Kafka's: gzip, snappy in xerial's framing (what the Java client and Kafka write; raw
 snappy, which librdkafka writes, is read too), the LZ4 frame format, zstd frames. The codecs come
-from ``cramjam`` (one wheel for all four).
+from ``cramjam`` (one wheel for all four). Produce validation decompresses every compressed batch
+with an output bound (``decompress_bounded``), which cramjam cannot give for lz4 and zstd.
 """
 
 from __future__ import annotations
 
 import struct
+import sys
+import zlib
 from collections.abc import Iterator
 from dataclasses import replace
+from types import ModuleType
 
 import cramjam
 import crc32c
@@ -25,6 +29,7 @@ BY_NAME = {"uncompressed": NONE, "gzip": GZIP, "snappy": SNAPPY, "lz4": LZ4, "zs
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = _XERIAL_MAGIC + struct.pack(">ii", 1, 1)
 _XERIAL_BLOCK = 32 * 1024
+_I32 = struct.Struct(">i")
 
 
 class CompressionError(rb.InvalidRecordError):
@@ -99,3 +104,164 @@ def record_timestamps(batch: bytes | memoryview, header: rb.BatchHeader) -> Iter
     plain_header = replace(header, attributes=header.attributes & ~rb.ATTR_COMPRESSION_MASK,
                            batch_length=len(plain) - rb.LOG_OVERHEAD)
     yield from rb.record_timestamps(plain, 0, plain_header)
+
+
+# --- bounded decompression, for produce validation ------------------------------------------------
+
+CODEC_NAMES = {GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}
+
+
+class DecompressionError(ValueError):
+    """The payload is not a valid stream of its codec (truncated, corrupt, trailing bytes)."""
+
+
+class InflatedTooLargeError(DecompressionError):
+    """The payload inflates past the bound."""
+
+
+def decompress_bounded(codec: int, data: bytes | memoryview, limit: int) -> bytes:
+    """The uncompressed bytes of ``data`` (codec 1-4), at most ``limit`` of them; raise otherwise.
+
+    Produce validation uses this (``records.validate_records``): every codec runs with an output
+    bound, so a payload that would inflate past ``limit`` raises :class:`InflatedTooLargeError` after at
+    most ``limit + 1`` bytes were produced. gzip: zlib; snappy: cramjam, whose raw format states the
+    length before anything is allocated; lz4: python-lz4's frame decompressor and zstd: the standard
+    library's (backported before 3.14), both with ``max_length`` (cramjam's have no output bound).
+    Concatenated gzip members and zstd frames are read, as Java's streams do.
+    """
+    if codec == 1:
+        return _gunzip(data, limit)
+    if codec == 2:
+        return _unsnappy(data, limit)
+    if codec == 3:
+        return _unlz4(data, limit)
+    if codec == 4:
+        return _unzstd(data, limit)
+    raise DecompressionError(f"unknown compression codec {codec}")
+
+
+def _too_large(limit: int) -> InflatedTooLargeError:
+    return InflatedTooLargeError(f"compressed records inflate past {limit} bytes")
+
+
+def _gunzip(data: bytes | memoryview, limit: int) -> bytes:
+    out: list[bytes] = []
+    total = 0
+    rest: bytes | memoryview = data
+    try:
+        while True:
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip header and trailer required
+            while True:
+                chunk = d.decompress(rest, limit - total + 1)
+                total += len(chunk)
+                if total > limit:
+                    raise _too_large(limit)
+                out.append(chunk)
+                if d.eof:
+                    break
+                # Below the bound, zlib stops early only for want of input.
+                raise DecompressionError("gzip stream ends before its end of member")
+            rest = d.unused_data
+            if not rest:
+                return b"".join(out)
+    except zlib.error as exc:
+        raise DecompressionError(f"gzip: {exc}") from None
+
+
+def _unsnappy(data: bytes | memoryview, limit: int) -> bytes:
+    if bytes(data[:8]) != _XERIAL_MAGIC:
+        return _snappy_raw(data, limit)
+    if len(data) < len(_XERIAL_HEADER):
+        raise DecompressionError("snappy: truncated xerial header")
+    out: list[bytes] = []
+    total = 0
+    p = len(_XERIAL_HEADER)
+    n = len(data)
+    while p < n:
+        if p + 4 > n:
+            raise DecompressionError("snappy: truncated xerial chunk length")
+        (size,) = _I32.unpack_from(data, p)
+        p += 4
+        if size < 0 or p + size > n:
+            raise DecompressionError(f"snappy: xerial chunk of {size} bytes runs past the payload")
+        chunk = _snappy_raw(memoryview(data)[p:p + size], limit - total)
+        total += len(chunk)
+        out.append(chunk)
+        p += size
+    return b"".join(out)
+
+
+def _snappy_raw(data: bytes | memoryview, limit: int) -> bytes:
+    import cramjam
+
+    try:
+        size = cramjam.snappy.decompress_raw_len(data)
+        if size > limit:
+            raise _too_large(limit)
+        out = bytes(cramjam.snappy.decompress_raw(data))
+    except InflatedTooLargeError:
+        raise
+    except Exception as exc:  # cramjam.DecompressionError and friends
+        raise DecompressionError(f"snappy: {exc}") from None
+    if len(out) != size:
+        raise DecompressionError(f"snappy: {len(out)} bytes inflated, {size} declared")
+    return out
+
+
+def _unlz4(data: bytes | memoryview, limit: int) -> bytes:
+    import lz4.frame
+
+    d = lz4.frame.LZ4FrameDecompressor()
+    out: list[bytes] = []
+    total = 0
+    try:
+        chunk = d.decompress(data, max_length=limit + 1)
+        while True:
+            total += len(chunk)
+            if total > limit:
+                raise _too_large(limit)
+            out.append(chunk)
+            if d.eof or d.needs_input:
+                break
+            chunk = d.decompress(b"", max_length=limit - total + 1)
+    except RuntimeError as exc:  # LZ4F_decompress failed ...
+        raise DecompressionError(f"lz4: {exc}") from None
+    if not d.eof:
+        raise DecompressionError("lz4: the frame ends before its end mark")
+    if d.unused_data:
+        raise DecompressionError(f"lz4: {len(d.unused_data)} bytes after the frame")
+    return b"".join(out)
+
+
+def _zstd_module() -> ModuleType:
+    if sys.version_info >= (3, 14):
+        from compression import zstd
+    else:
+        from backports import zstd
+    return zstd
+
+
+def _unzstd(data: bytes | memoryview, limit: int) -> bytes:
+    zstd = _zstd_module()
+    out: list[bytes] = []
+    total = 0
+    rest: bytes | memoryview = data
+    try:
+        while True:
+            d = zstd.ZstdDecompressor()
+            chunk = d.decompress(rest, max_length=limit - total + 1)
+            while True:
+                total += len(chunk)
+                if total > limit:
+                    raise _too_large(limit)
+                out.append(chunk)
+                if d.eof or d.needs_input:
+                    break
+                chunk = d.decompress(b"", max_length=limit - total + 1)
+            if not d.eof:
+                raise DecompressionError("zstd: the frame ends early")
+            rest = d.unused_data
+            if not rest:
+                return b"".join(out)
+    except zstd.ZstdError as exc:
+        raise DecompressionError(f"zstd: {exc}") from None

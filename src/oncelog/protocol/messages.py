@@ -93,7 +93,56 @@ def decode_request(frame: bytes, supported: Mapping[int, tuple[int, int]] = SUPP
         body, pos = _reader(req_t)(frame, pos)
     except Exception as exc:  # kio raises assorted errors on garbage
         raise MalformedRequestError(f"cannot parse {api_key_map.get(api_key)} v{api_version}: {exc}") from exc
+    null = _null_array(body, req_t)
+    if null is not None:
+        raise MalformedRequestError(
+            f"cannot parse {api_key_map.get(api_key)} v{api_version}: non-nullable field {null} was serialized as null")
     return Request(api_key, api_version, correlation_id, getattr(header, "client_id", None), body)
+
+
+@cache
+def _array_fields(entity_type: type) -> tuple[tuple[str, bool, Any], ...]:
+    """(name, nullable, entity type of the items or of the field) of the fields that hold arrays or
+    nested entities, the only ones kio's reader may hand out as None where the schema forbids it."""
+    hints = typing.get_type_hints(entity_type)
+    out: list[tuple[str, bool, Any]] = []
+    for f in dataclasses.fields(entity_type):
+        tp = hints[f.name]
+        nullable = typing.get_origin(tp) in (typing.Union, types.UnionType)
+        if nullable:
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        if typing.get_origin(tp) is tuple:
+            item = typing.get_args(tp)[0]
+            out.append((f.name, nullable, item if dataclasses.is_dataclass(item) else None))
+        elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            out.append((f.name, True, tp))
+    return tuple(out)
+
+
+def _null_array(entity: Any, entity_type: type) -> str | None:
+    """The first non-nullable array that came as null (length -1, or compact length 0), else None.
+
+    kio's readers accept a null array whatever the schema says; Kafka's generated readers refuse it
+    ("non-nullable field ... was serialized as null"), and every handler may iterate its arrays.
+    """
+    for name, nullable, item_t in _array_fields(entity_type):
+        value = getattr(entity, name)
+        if value is None:
+            if not nullable:
+                return name
+            continue
+        if item_t is None:
+            continue
+        if isinstance(value, tuple):
+            for item in value:
+                found = _null_array(item, item_t)
+                if found is not None:
+                    return f"{name}.{found}"
+        else:
+            found = _null_array(value, item_t)
+            if found is not None:
+                return f"{name}.{found}"
+    return None
 
 
 def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:

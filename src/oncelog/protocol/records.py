@@ -1,9 +1,10 @@
 """RecordBatch v2 as opaque bytes: header access, validation, offset rewrite, control batches.
 
-The broker never decodes individual records on the hot path. It reads the fixed 61-byte header,
-checks magic, length and CRC-32C (which covers ``attributes`` to the end of the batch, so
-``base_offset`` and ``partition_leader_epoch`` may be rewritten without recomputing it), and stores
-the bytes as they came.
+The broker stores batches as they came. On produce it reads the fixed 61-byte header, checks magic,
+length and CRC-32C (which covers ``attributes`` to the end of the batch, so ``base_offset`` and
+``partition_leader_epoch`` may be rewritten without recomputing it), then walks the records inside
+as Kafka's LogValidator does (``validate_records``: every length and count inside the batch, offset
+deltas 0..n-1, compressed payloads decompressed first) without building an object per record.
 
 Header layout (big endian)::
 
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import crc32c
+
+from oncelog.protocol.errors import ErrorCode
 
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # base_offset + batch_length
@@ -48,8 +51,29 @@ _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 
 
+# A compressed batch may inflate to at most this many bytes (Kafka has no such bound; without one a
+# few KiB of zstd could make the broker allocate gigabytes). 128 times the default max.message.bytes.
+MAX_UNCOMPRESSED_BYTES = 128 << 20
+
+
 class InvalidRecordError(ValueError):
-    """A batch that must be rejected with CORRUPT_MESSAGE (or INVALID_RECORD)."""
+    """A batch that must be rejected; ``error_code`` is what the client sees (default CORRUPT_MESSAGE,
+    Kafka's CorruptRecordException: a bad CRC, a length past the data)."""
+
+    error_code: int = ErrorCode.corrupt_message
+
+
+class RecordValidationError(InvalidRecordError):
+    """INVALID_RECORD, Kafka's InvalidRecordException: the CRC is right but the content is not a
+    well-formed batch (record count, lengths, offset deltas, an undecompressible payload)."""
+
+    error_code = ErrorCode.invalid_record
+
+
+class RecordsTooLargeError(InvalidRecordError):
+    """MESSAGE_TOO_LARGE: a compressed batch inflating past ``MAX_UNCOMPRESSED_BYTES``."""
+
+    error_code = ErrorCode.message_too_large
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +133,8 @@ def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeade
 def validate_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
     """Check magic, length and CRC of the batch at ``pos``; return its header.
 
-    Raises InvalidRecordError on anything a client must see as CORRUPT_MESSAGE.
+    Raises InvalidRecordError: CORRUPT_MESSAGE, or INVALID_RECORD for a negative count or offset
+    delta (Kafka's "invalid offset range").
     """
     header = read_header(buf, pos)
     if header.magic != MAGIC_V2:
@@ -120,18 +145,22 @@ def validate_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHe
     if end > len(buf):
         raise InvalidRecordError("record batch length exceeds the data")
     if header.last_offset_delta < 0 or header.records_count < 0:
-        raise InvalidRecordError("negative record count or offset delta")
+        raise RecordValidationError("negative record count or offset delta")
     computed = crc32c.crc32c(memoryview(buf)[pos + CRC_START : end])
     if computed != header.crc:
         raise InvalidRecordError(f"record batch CRC mismatch ({computed:#x} != {header.crc:#x})")
     return header
 
 
-def split_batches(buf: bytes | bytearray | memoryview) -> list[tuple[int, BatchHeader]]:
-    """Validate every batch of a Produce partition's records; return (position, header) pairs.
+def split_batches(buf: bytes | bytearray | memoryview, *, from_client: bool = False,
+                  check_records: bool = True,
+                  max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES) -> list[tuple[int, BatchHeader]]:
+    """Validate every batch of an append; return (position, header) pairs.
 
     The whole buffer must be made of complete, valid batches (no trailing partial batch), as
-    Kafka requires of produced data.
+    Kafka requires of produced data. ``check_records`` walks the records of each batch
+    (``validate_records``); ``from_client`` adds Kafka's checks on batches a producer sent (no
+    control batch, a producer id comes with a sequence number).
     """
     out: list[tuple[int, BatchHeader]] = []
     pos = 0
@@ -143,11 +172,189 @@ def split_batches(buf: bytes | bytearray | memoryview) -> list[tuple[int, BatchH
         if header.records_count <= 0 or header.last_offset_delta != header.records_count - 1:
             # A produced batch holds consecutive offset deltas 0..count-1; anything else would let a
             # client reserve arbitrary offset ranges.
-            raise InvalidRecordError(
+            raise RecordValidationError(
                 f"batch claims {header.records_count} records but last offset delta {header.last_offset_delta}")
+        if from_client:
+            if header.attributes & ATTR_CONTROL:
+                raise RecordValidationError("clients may not write control batches")
+            if header.producer_id >= 0 and header.base_sequence < 0:
+                raise RecordValidationError(
+                    f"invalid sequence number {header.base_sequence} in a batch of producer {header.producer_id}")
+        if check_records:
+            validate_records(buf, pos, header, max_uncompressed_bytes)
         out.append((pos, header))
         pos += header.size
     return out
+
+
+def validate_records(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader,
+                     max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES) -> None:
+    """Check the records of the (CRC-checked) batch at ``pos`` as Kafka's LogValidator reads them.
+
+    Exactly ``records_count`` records fill the records section (compressed: its decompression),
+    each a length varint and a body that its fields fill exactly: attributes, timestamp delta
+    (varlong), offset delta (equal to the record's index), key and value (length -1 for null, never
+    another negative length), a header count and its headers (key never null). Varints are at most
+    5 bytes and fit an int32; varlongs at most 10. Raises RecordValidationError (INVALID_RECORD),
+    or RecordsTooLargeError when a compressed payload inflates past ``max_uncompressed_bytes``.
+    """
+    start = pos + HEADER_SIZE
+    end = pos + header.size
+    codec = header.attributes & ATTR_COMPRESSION_MASK
+    if codec == 0:
+        _walk_records(buf, start, end, header.records_count)
+        return
+    from oncelog.protocol import compression  # it imports this module
+
+    if codec not in compression.CODEC_NAMES:
+        raise RecordValidationError(f"unknown compression type {codec} in record batch attributes")
+    try:
+        data = compression.decompress_bounded(codec, memoryview(buf)[start:end], max_uncompressed_bytes)
+    except compression.InflatedTooLargeError as exc:
+        raise RecordsTooLargeError(str(exc)) from None
+    except compression.DecompressionError as exc:
+        raise RecordValidationError(f"{compression.CODEC_NAMES[codec]} records do not decompress: {exc}") from None
+    _walk_records(data, 0, len(data), header.records_count)
+
+
+_MIN_RECORD = 7  # length varint, attributes, timestamp delta, offset delta, key, value, header count
+
+
+def _walk_records(buf: bytes | bytearray | memoryview, p: int, end: int, count: int) -> None:
+    """See ``validate_records``. This is the produce hot path: one- and two-byte varints are decoded
+    inline (small deltas, null keys, values under 8 KiB, no headers), longer ones by ``_uvarint``;
+    zig-zag values are compared raw where possible (offset delta i is raw 2*i; a length is even)."""
+    if count > (end - p) // _MIN_RECORD:
+        raise RecordValidationError(f"a batch of {end - p} bytes cannot hold {count} records")
+    uvarint = _uvarint
+    expected_delta = 0  # zig-zag of the record's index
+    try:
+        while expected_delta < 2 * count:
+            # record length
+            raw = buf[p]
+            if raw < 0x80:
+                p += 1
+            else:
+                b = buf[p + 1]
+                if b < 0x80:
+                    raw = (raw & 0x7F) | (b << 7)
+                    p += 2
+                else:
+                    raw, p = uvarint(buf, p, 5)
+            if raw & 1 or raw < 12:  # negative, or less than the six one-byte fields
+                raise _bad_record(expected_delta, f"invalid record length {(raw >> 1) ^ -(raw & 1)}")
+            rec_end = p + (raw >> 1)
+            if rec_end > end:
+                raise _bad_record(expected_delta, f"its {raw >> 1} bytes run past the end of the batch")
+            # attributes (unused in v2), then the timestamp delta (varlong)
+            if buf[p + 1] < 0x80:
+                q = p + 2
+            elif buf[p + 2] < 0x80:
+                q = p + 3
+            else:
+                q = uvarint(buf, p + 1, 10)[1]
+            # offset delta
+            raw = buf[q]
+            if raw < 0x80:
+                q += 1
+            else:
+                b = buf[q + 1]
+                if b < 0x80:
+                    raw = (raw & 0x7F) | (b << 7)
+                    q += 2
+                else:
+                    raw, q = uvarint(buf, q, 5)
+            if raw != expected_delta:
+                raise _bad_record(expected_delta,
+                                  f"invalid offset delta {(raw >> 1) ^ -(raw & 1)}, expected {expected_delta >> 1}")
+            # key
+            raw = buf[q]
+            if raw < 0x80:
+                q += 1
+            else:
+                raw, q = uvarint(buf, q, 5)
+            if raw & 1:
+                if raw != 1:
+                    raise _bad_record(expected_delta, f"invalid key length {-((raw + 1) >> 1)}")
+            else:
+                q += raw >> 1
+            # value
+            raw = buf[q]
+            if raw < 0x80:
+                q += 1
+            else:
+                b = buf[q + 1]
+                if b < 0x80:
+                    raw = (raw & 0x7F) | (b << 7)
+                    q += 2
+                else:
+                    raw, q = uvarint(buf, q, 5)
+            if raw & 1:
+                if raw != 1:
+                    raise _bad_record(expected_delta, f"invalid value length {-((raw + 1) >> 1)}")
+            else:
+                q += raw >> 1
+            # headers
+            if buf[q]:
+                q = _walk_headers(buf, q, rec_end, expected_delta >> 1)
+            else:
+                q += 1
+            if q != rec_end:
+                raise _bad_record(expected_delta,
+                                  f"invalid record size: its fields take {q - p} bytes, its length says {rec_end - p}")
+            p = rec_end
+            expected_delta += 2
+    except IndexError:
+        raise _bad_record(expected_delta, "premature end of the records") from None
+    if p != end:
+        raise RecordValidationError(
+            f"incorrect declared batch size: {end - p} bytes remain after {count} records")
+
+
+def _bad_record(expected_delta: int, why: str) -> RecordValidationError:
+    return RecordValidationError(f"record {expected_delta >> 1}: {why}")
+
+
+def _walk_headers(buf: bytes | bytearray | memoryview, q: int, rec_end: int, i: int) -> int:
+    raw, q = _uvarint(buf, q, 5)
+    if raw & 1:
+        raise RecordValidationError(f"record {i}: invalid number of record headers {-((raw + 1) >> 1)}")
+    n = raw >> 1
+    if n > rec_end - q:
+        raise RecordValidationError(f"record {i}: {n} record headers cannot fit in the record")
+    for _ in range(n):
+        raw, q = _uvarint(buf, q, 5)
+        if raw & 1:
+            raise RecordValidationError(f"record {i}: invalid negative header key size {-((raw + 1) >> 1)}")
+        q += raw >> 1
+        raw, q = _uvarint(buf, q, 5)
+        if raw & 1:
+            if raw != 1:
+                raise RecordValidationError(f"record {i}: invalid header value length {-((raw + 1) >> 1)}")
+        else:
+            q += raw >> 1
+        if q > rec_end:
+            raise RecordValidationError(f"record {i}: a record header runs past the record")
+    return q
+
+
+def _uvarint(buf: bytes | bytearray | memoryview, p: int, max_bytes: int) -> tuple[int, int]:
+    """Raw (still zig-zag encoded) varint at ``p`` -> (value, next position); at most ``max_bytes``
+    bytes (5: an int32, 10: an int64) and a value that fits that width."""
+    raw = 0
+    shift = 0
+    limit = p + max_bytes
+    bits = 32 if max_bytes == 5 else 64
+    while p < limit:
+        b = buf[p]
+        p += 1
+        raw |= (b & 0x7F) << shift
+        if not b & 0x80:
+            if raw >> bits:
+                raise RecordValidationError(f"varint {raw} does not fit {bits} bits")
+            return raw, p
+        shift += 7
+    raise RecordValidationError(f"varint longer than {max_bytes} bytes")
 
 
 def iter_headers(buf: bytes | bytearray | memoryview, pos: int = 0) -> Iterator[tuple[int, BatchHeader]]:

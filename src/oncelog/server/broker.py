@@ -27,6 +27,7 @@ from oncelog.server.config import BrokerConfig
 from oncelog.server.quotas import QuotaManager
 from oncelog.storage import fileio
 from oncelog.storage.config import LogConfig
+from oncelog.storage.log_cleaner import CleanerConfig, clean
 from oncelog.storage.log_manager import LogManager
 
 log = logging.getLogger("oncelog.server")
@@ -106,13 +107,23 @@ class Broker:
             flush_interval_ms=config.flush_interval_ms,
             flush_every_append=config.flush_every_append,
             max_message_bytes=config.message_max_bytes,
+            delete_retention_ms=config.log_cleaner_delete_retention_ms,
+            min_cleanable_dirty_ratio=config.log_cleaner_min_cleanable_ratio,
+            min_compaction_lag_ms=config.log_cleaner_min_compaction_lag_ms,
+            max_compaction_lag_ms=config.log_cleaner_max_compaction_lag_ms,
         )
+        self.cleaner_config = CleanerConfig(
+            enable=config.log_cleaner_enable, threads=max(config.log_cleaner_threads, 1),
+            backoff_ms=config.log_cleaner_backoff_ms, dedupe_buffer_size=config.log_cleaner_dedupe_buffer_size,
+            io_buffer_load_factor=config.log_cleaner_io_buffer_load_factor,
+            io_max_bytes_per_second=config.log_cleaner_io_max_bytes_per_second)
+        self._cleaner_pool: concurrent.futures.ThreadPoolExecutor | None = None
         try:
             self.security = ListenerSecurity(  # credentials, TLS, SASL (oncelog.security)
                 config.data_dir, sasl_mechanisms=config.sasl_enabled_mechanisms if config.sasl_enabled else None,
                 tls_cert=Path(config.tls_cert) if config.tls_cert else None,
                 tls_key=Path(config.tls_key) if config.tls_key else None)
-            self.logs = LogManager(config.data_dir, self.log_defaults, self.clock)
+            self.logs = LogManager(config.data_dir, self.log_defaults, self.clock, self.cleaner_config)
             from oncelog.server.coordination import Coordination
 
             self.authorizer = Authorizer(
@@ -147,6 +158,11 @@ class Broker:
         self._tasks.append(loop.create_task(self._every(600_000, self.coordination.expire_offsets)))
         self._tasks.append(loop.create_task(self._every(
             self.config.internal_log_checkpoint_interval_ms, self._checkpoint_internal_logs)))
+        if self.cleaner_config.enable:
+            self._cleaner_pool = concurrent.futures.ThreadPoolExecutor(
+                self.cleaner_config.threads, thread_name_prefix="oncelog-log-cleaner")
+            for _ in range(self.cleaner_config.threads):
+                self._tasks.append(loop.create_task(self._run_log_cleaner()))
         host, port = self.config.advertised
         log.info("oncelog broker %d listening on %s:%d (%s, advertised %s:%d), data in %s",
                  self.config.node_id, self.config.listen_host, self.config.listen_port, self.security.protocol,
@@ -168,6 +184,10 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
+        self.logs.cleaner.abort_all()
+        if self._cleaner_pool is not None:
+            self._cleaner_pool.shutdown(wait=True, cancel_futures=True)  # an aborted job stops at its next check
+            self._cleaner_pool = None
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
@@ -274,6 +294,39 @@ class Broker:
 
     def _checkpoint_internal_logs(self) -> None:
         self.coordination.checkpoint_internal_logs(self.config.internal_log_checkpoint_bytes)
+
+    async def _run_log_cleaner(self) -> None:
+        """One cleaner: pick the dirtiest compacted log, clean it on a cleaner thread, swap the result
+        in here on the loop thread (``LogCleanerManager.complete`` does not await). Sleeps
+        ``log.cleaner.backoff.ms`` when no log is due."""
+        loop = asyncio.get_running_loop()
+        backoff = max(self.cleaner_config.backoff_ms, 10) / 1000
+        while True:
+            job = None
+            try:
+                job = self.logs.grab_cleanable(self.clock.now_ms())
+            except fileio.StorageOfflineError as exc:
+                self.storage_failed(exc)
+            except Exception:
+                log.exception("choosing a log to clean failed")
+            if job is None:
+                await asyncio.sleep(backoff)
+                continue
+            assert self._cleaner_pool is not None
+            try:
+                result = await loop.run_in_executor(self._cleaner_pool, clean, job)
+            except asyncio.CancelledError:
+                self.logs.cleaner.abort(job.plog)
+                raise
+            except Exception as exc:
+                self.logs.cleaner.failed(job, exc)
+                continue
+            try:
+                self.logs.cleaner.complete(job, result)
+            except fileio.StorageOfflineError as exc:
+                self.storage_failed(exc)
+            except Exception as exc:
+                self.logs.cleaner.failed(job, exc)
 
     def _retention(self) -> None:
         self.logs.apply_retention_all(self.clock.now_ms())

@@ -79,6 +79,20 @@ class BrokerConfig:
     # (what compaction does for Kafka's __consumer_offsets and __transaction_state).
     internal_log_checkpoint_bytes: int = 16 * 1024 * 1024
     internal_log_checkpoint_interval_ms: int = 30_000
+    # --- log compaction: the log cleaner (Kafka's log.cleaner.* names) ---------------------------
+    # Threads that clean compacted logs off the event loop; each cleans one partition at a time.
+    log_cleaner_enable: bool = True
+    log_cleaner_threads: int = 1
+    log_cleaner_backoff_ms: int = 15_000  # sleep when no log needs cleaning
+    log_cleaner_dedupe_buffer_size: int = 128 * 1024 * 1024  # key -> offset map, all threads (24 B a key)
+    log_cleaner_io_buffer_load_factor: float = 0.9
+    log_cleaner_io_max_bytes_per_second: float = float("inf")  # read throttle, all threads
+    # Broker defaults of the topic configs delete.retention.ms, min.cleanable.dirty.ratio, ...
+    log_cleaner_delete_retention_ms: int = 24 * 3600 * 1000
+    log_cleaner_min_cleanable_ratio: float = 0.5
+    log_cleaner_min_compaction_lag_ms: int = 0
+    log_cleaner_max_compaction_lag_ms: int = 2**63 - 1
+    # --- end of log compaction ----------------------------------------------------------------------
     # Limits (Kafka's names): a slow or hostile client cannot exhaust the broker.
     max_connections: int = 2**31 - 1
     max_connections_per_ip: int = 2**31 - 1

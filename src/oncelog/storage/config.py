@@ -112,11 +112,6 @@ def _remote_storage(v: Any) -> str | None:
     return None
 
 
-def _only_delete(values: Any) -> str | None:
-    # Today's behaviour, kept until log compaction lands (see the compaction block below).
-    return None if list(values) == ["delete"] else "only cleanup.policy=delete is supported"
-
-
 @dataclass(frozen=True)
 class ConfigSpec:
     """One config: how to parse, validate, store and describe it."""
@@ -261,17 +256,45 @@ _SPECS: list[ConfigSpec] = [
 # (cleanup.policy, delete.retention.ms, min.cleanable.dirty.ratio, min.compaction.lag.ms,
 # max.compaction.lag.ms). Each is one ConfigSpec here and, if honoured, one LogConfig field in the
 # block of the same name; cross-field rules go to CROSS_CHECKS. Nothing else needs to change.
+def _cleanup_policy(values: Any) -> str | None:
+    if not values:
+        return "at least one of compact, delete is needed"
+    if len(set(values)) != len(values):
+        return "each policy may appear once"
+    return each_one_of("compact", "delete")(values)
+
+
 _COMPACTION_SPECS: list[ConfigSpec] = [
-    ConfigSpec("cleanup.policy", _T.LIST, ("delete",), _only_delete, "cleanup_policy", "log.cleanup.policy",
-               to_field=",".join, doc="Only delete is supported."),
+    ConfigSpec("cleanup.policy", _T.LIST, ("delete",), _cleanup_policy, "cleanup_policy", "log.cleanup.policy",
+               to_field=",".join, doc="delete: old segments are deleted by retention.ms/bytes; compact: the "
+               "log cleaner keeps the newest record per key; compact,delete: both."),
+    ConfigSpec("delete.retention.ms", _T.LONG, 24 * 3600 * 1000, at_least(0), "delete_retention_ms",
+               "log.cleaner.delete.retention.ms",
+               doc="How long a tombstone (and a marker of a vanished transaction) stays after the cleaner "
+               "first kept it."),
+    ConfigSpec("min.cleanable.dirty.ratio", _T.DOUBLE, 0.5, between(0, 1), "min_cleanable_dirty_ratio",
+               "log.cleaner.min.cleanable.ratio",
+               doc="A compacted log is cleaned once its dirty part is more than this share of it."),
+    ConfigSpec("min.compaction.lag.ms", _T.LONG, 0, at_least(0), "min_compaction_lag_ms",
+               "log.cleaner.min.compaction.lag.ms", doc="A record stays uncompacted at least this long."),
+    ConfigSpec("max.compaction.lag.ms", _T.LONG, INT64_MAX, at_least(1), "max_compaction_lag_ms",
+               "log.cleaner.max.compaction.lag.ms",
+               doc="A record is compacted at most this long after it was written, whatever the dirty ratio."),
 ]
+
+
+def _compaction_lags(values: Mapping[str, Any]) -> str | None:
+    lo, hi = values["min.compaction.lag.ms"], values["max.compaction.lag.ms"]
+    if lo > hi:
+        return f"conflict topic config setting min.compaction.lag.ms ({lo}) > max.compaction.lag.ms ({hi})"
+    return None
 # ---- end of log compaction configs ------------------------------------------------------------------
 
 TOPIC_CONFIG_SPECS: dict[str, ConfigSpec] = {s.name: s for s in _SPECS + _COMPACTION_SPECS}
 
 # Rules over several configs (Kafka's LogConfig.validateValues): each gets every effective value by
 # name and returns why the combination is invalid, or None.
-CROSS_CHECKS: list[Callable[[Mapping[str, Any]], str | None]] = []
+CROSS_CHECKS: list[Callable[[Mapping[str, Any]], str | None]] = [_compaction_lags]
 
 # Broker config name -> topic config name, for configs a dynamic broker config may default.
 BROKER_SYNONYMS: dict[str, str] = {s.synonym: s.name for s in TOPIC_CONFIG_SPECS.values() if s.synonym}
@@ -332,7 +355,25 @@ class LogConfig:
     compression_lz4_level: int = 9
     compression_zstd_level: int = 3
     # ---- log compaction fields: owned by the log-compaction work ----
-    cleanup_policy: str = "delete"
+    cleanup_policy: str = "delete"  # "delete", "compact" or "compact,delete" (either order)
+    delete_retention_ms: int = 24 * 3600 * 1000
+    min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = INT64_MAX
+
+    @property
+    def compact(self) -> bool:
+        return "compact" in self.cleanup_policy.split(",")
+
+    @property
+    def delete(self) -> bool:
+        return "delete" in self.cleanup_policy.split(",")
+
+    @property
+    def max_segment_ms(self) -> int:
+        """Kafka's maxSegmentMs: a compacted log also rolls when max.compaction.lag.ms has passed,
+        so a record never waits in the (never cleaned) active segment longer than that."""
+        return min(self.segment_ms, self.max_compaction_lag_ms) if self.compact else self.segment_ms
     # ---- end of log compaction fields ----
 
     @property

@@ -44,3 +44,10 @@ class ProducerStateError(StorageError):
     def __init__(self, error_code: int, message: str) -> None:
         super().__init__(message)
         self.error_code = error_code
+
+
+class KeylessRecordError(ProducerStateError):
+    """A record without a key for a compacted topic (Kafka's LogValidator refuses it: INVALID_RECORD)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(87, message)  # INVALID_RECORD

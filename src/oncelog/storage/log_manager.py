@@ -36,6 +36,7 @@ from oncelog.storage.errors import (
     InvalidTopicError,
     TopicExistsError,
 )
+from oncelog.storage.log_cleaner import CleanerConfig, CleanJob, LogCleanerManager
 from oncelog.storage.partition_log import LogDirState, PartitionLog
 
 log = logging.getLogger("oncelog.storage")
@@ -66,8 +67,10 @@ def validate_topic_name(name: str) -> None:
 
 
 class LogManager:
-    def __init__(self, data_dir: Path, default_config: LogConfig, clock: Clock) -> None:
+    def __init__(self, data_dir: Path, default_config: LogConfig, clock: Clock,
+                 cleaner_config: CleanerConfig | None = None) -> None:
         self.data_dir = data_dir
+        self.cleaner = LogCleanerManager(cleaner_config or CleanerConfig())
         self.default_config = default_config
         self.clock = clock
         self.meta_dir = data_dir / "__meta"
@@ -186,6 +189,7 @@ class LogManager:
         for p in range(info.num_partitions):
             plog = self._partitions.pop((name, p), None)
             if plog is not None:
+                self.cleaner.abort(plog)
                 plog.delete()
 
     def create_partitions(self, name: str, new_total: int) -> None:
@@ -294,10 +298,21 @@ class LogManager:
             if not self._topics[plog.topic].is_internal:
                 plog.apply_retention(now_ms)
 
+    def compacted_logs(self) -> list[PartitionLog]:
+        """Partitions of user topics whose cleanup.policy includes compact (read live from each
+        log's current config). Internal topics keep their checkpoints (see docs/design/storage.md)."""
+        return [plog for plog in self._partitions.values()
+                if plog.config.compact and not self._topics[plog.topic].is_internal]
+
+    def grab_cleanable(self, now_ms: int) -> CleanJob | None:
+        """The next cleaning job (loop thread), or None: see ``LogCleanerManager.grab_filthiest``."""
+        return self.cleaner.grab_filthiest(self.compacted_logs(), now_ms)
+
     def remove_expired_producers(self, now_ms: int, producer_id_expiration_ms: int) -> None:
         for plog in self._partitions.values():
             plog.remove_expired_producers(now_ms, producer_id_expiration_ms)
 
     def close(self) -> None:
+        self.cleaner.abort_all()
         for plog in self._partitions.values():
             plog.close()

@@ -47,6 +47,7 @@ class LogSegment:
         self.max_timestamp = -1
         self._bytes_since_index = 0
         self.dirty = False
+        self.truncated = False  # recovery cut torn or corrupt bytes off this segment
 
     # --- writes -----------------------------------------------------------------------------------
     def append(self, data: bytes | bytearray, batches: list[tuple[int, rb.BatchHeader]]) -> None:
@@ -234,9 +235,16 @@ class LogSegment:
             fileio.fs.ftruncate(self.fd, pos)
             fileio.fs.fsync(self.fd)
             self.size = pos
+            self.truncated = True
         self.time_index.truncate_to_offset(self.next_offset)
         self.offset_index.truncate_to_position(self.size)
         return found
+
+    def last_modified_ms(self) -> int:
+        try:
+            return int(os.stat(self.path).st_mtime * 1000)
+        except FileNotFoundError:
+            return -1
 
     def truncate_all(self) -> None:
         fileio.fs.ftruncate(self.fd, 0)

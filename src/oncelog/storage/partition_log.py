@@ -29,9 +29,9 @@ from pathlib import Path
 from oncelog.clock import Clock
 from oncelog.protocol import compression
 from oncelog.protocol import records as rb
-from oncelog.storage import fileio
+from oncelog.storage import fileio, record_codec, segment_swap
 from oncelog.storage.config import INT64_MAX, LogConfig
-from oncelog.storage.errors import InvalidTimestampError, OffsetOutOfRangeError, RecordTooLargeError
+from oncelog.storage.errors import InvalidTimestampError, KeylessRecordError, OffsetOutOfRangeError, RecordTooLargeError
 from oncelog.storage.flush_job import FlushJob
 from oncelog.storage.leader_epoch_cache import LeaderEpochCache
 from oncelog.storage.log_segment import LogSegment
@@ -145,6 +145,7 @@ class PartitionLog:
 
     # --- loading and recovery --------------------------------------------------------------------
     def _load(self) -> None:
+        segment_swap.recover(self.directory, self.name)
         bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
         now = self.clock.now_ms()
         recovery_point = _read_int_file(self.directory / RECOVERY_POINT_FILE) or 0
@@ -197,6 +198,7 @@ class PartitionLog:
                     log.info("%s: rebuilding the indexes of %s", self.name, seg.path.name)
                     seg.next_offset = seg.base_offset
                     seg.recover(0, validate=False, partition=self.name)
+                    seg.next_offset = self.segments[i + 1].base_offset
                 continue
             # Trusted prefix of this segment: start scanning at the recovery point's position.
             if seg.base_offset < recovery_point:
@@ -210,6 +212,11 @@ class PartitionLog:
             self._replay(seg, found_batches)
             for _pos, header in found_batches:  # the unflushed tail's epochs, from the batches
                 self.epochs.assign(header.partition_leader_epoch, header.base_offset)
+            if i + 1 < len(self.segments) and seg.next_offset < self.segments[i + 1].base_offset \
+                    and not seg.truncated:
+                # The log cleaner removed the segment's last batches: offsets up to the next segment
+                # are a gap, as anywhere in a compacted log (a torn segment is truncated instead).
+                seg.next_offset = self.segments[i + 1].base_offset
             if i + 1 < len(self.segments) and seg.next_offset != self.segments[i + 1].base_offset:
                 # A gap after a truncated segment: everything after it is unreachable and unflushed.
                 for later in self.segments[i + 1 :]:
@@ -238,7 +245,9 @@ class PartitionLog:
             if header.producer_id < 0:
                 continue
             control = None
-            if header.is_control:
+            if header.is_control and header.records_count > 0:
+                # A control batch the cleaner emptied (its transaction is gone from the log) only
+                # keeps the producer's epoch, as in Kafka: it ends no transaction.
                 control = rb.read_control_marker(seg.pread(pos, header.size), 0, header)
             plan = self.producer_state.prepare([header], AppendOrigin.REPLAY, [control])
             lso_before = self.last_stable_offset
@@ -270,7 +279,7 @@ class PartitionLog:
         returns, unless ``defer_sync``: then the caller must not acknowledge before
         :attr:`synced_end` passes the result's last offset (the server's group commit does that)."""
         self._check_online()
-        batches = rb.split_batches(records)
+        batches = rb.split_batches(records, from_client=origin is AppendOrigin.CLIENT)
         max_bytes = self.config.max_message_bytes
         controls: list[rb.ControlMarker | None] = []
         needs_producer_state = False
@@ -288,6 +297,14 @@ class PartitionLog:
         now = self.clock.now_ms()
         if origin is AppendOrigin.CLIENT:
             records, batches = self._validate_client_batches(records, batches, now)
+            if self.config.compact:
+                for pos, header in batches:
+                    if header.is_control:
+                        continue
+                    keyless = record_codec.first_keyless_record(memoryview(records)[pos:pos + header.size], header)
+                    if keyless is not None:
+                        raise KeylessRecordError(f"compacted topic {self.topic} cannot accept a record without a "
+                                                 f"key (record {keyless} of the batch)")
         headers = [h for _, h in batches]
         plan = None
         if needs_producer_state:
@@ -365,7 +382,7 @@ class PartitionLog:
             return
         cfg = self.config
         if seg.size + incoming > cfg.segment_bytes or \
-                now_ms - seg.created_ms >= cfg.segment_ms - self._roll_jitter_ms or \
+                now_ms - seg.created_ms >= cfg.max_segment_ms - self._roll_jitter_ms or \
                 len(seg.offset_index.positions) >= cfg.segment_index_bytes // 8 or \
                 len(seg.time_index.timestamps) >= cfg.segment_index_bytes // 12:
             self.roll(now_ms)
@@ -557,13 +574,15 @@ class PartitionLog:
         """An fsync planned by :meth:`plan_sync` failed: the log directory goes offline (raises)."""
         self._guarded(lambda: _raise(error))
 
-    def begin_flush(self) -> FlushJob | None:
+    def begin_flush(self, *, force: bool = False, aborted_counts: dict[int, int] | None = None) -> FlushJob | None:
         """Plan the background flush (see ``flush_job``); None if nothing is to flush or one is
-        already in flight. The caller runs ``job.run()`` (off the loop) then :meth:`finish_flush`."""
+        already in flight. The caller runs ``job.run()`` (off the loop) then :meth:`finish_flush`.
+        ``force`` writes the snapshot even if nothing was appended; ``aborted_counts`` replaces the
+        per-segment aborted-index counts (the cleaner's swap passes ones valid before and after it)."""
         self._check_online()
         end = self.log_end_offset
         self.last_flush_ms = self.clock.now_ms()
-        if self._flush_job is not None or (end == self.recovery_point and not self.epochs.dirty):
+        if self._flush_job is not None or (end == self.recovery_point and not self.epochs.dirty and not force):
             return None
         job = FlushJob(self.directory, end)
         for seg in self.segments:
@@ -571,8 +590,9 @@ class PartitionLog:
                 seg.plan_flush(job)
         if self.epochs.dirty:
             job.epochs = self.epochs.take_file()
-        if end != self.recovery_point:
-            aborted = {seg.base_offset: len(seg.txn_index.entries) for seg in self.segments if seg.txn_index.entries}
+        if end != self.recovery_point or force:
+            aborted = aborted_counts if aborted_counts is not None else \
+                {seg.base_offset: len(seg.txn_index.entries) for seg in self.segments if seg.txn_index.entries}
             job.snapshot = (self.directory / SNAPSHOT_FILE, self.producer_state.snapshot_bytes(end, aborted))
             job.recovery_point = (self.directory / RECOVERY_POINT_FILE, str(end).encode())
         self._flush_job = job
@@ -604,10 +624,11 @@ class PartitionLog:
             raise fileio.StorageOfflineError(f"{self.name}: a background flush did not finish in {timeout_s} s")
         self.finish_flush(job)
 
-    def flush(self) -> None:
-        """Flush now, on the calling thread (close, retention, tests): the same job, run inline."""
+    def flush(self, *, force: bool = False, aborted_counts: dict[int, int] | None = None) -> None:
+        """Flush now, on the calling thread (close, retention, the cleaner's swap, tests): the
+        background flush's job, run inline; see :meth:`begin_flush` for the arguments."""
         self.wait_for_flush()
-        job = self.begin_flush()
+        job = self.begin_flush(force=force, aborted_counts=aborted_counts)
         if job is None:
             return
         try:
@@ -632,13 +653,20 @@ class PartitionLog:
 
     # --- retention -------------------------------------------------------------------------------
     def apply_retention(self, now_ms: int) -> int:
-        """Delete whole old segments by time and size (never the active one); returns how many."""
+        """Delete whole old segments by time and size (never the active one); returns how many.
+
+        Only with ``cleanup.policy`` delete (or compact,delete), as Kafka: a compacted-only log keeps
+        its segments and only the cleaner shrinks them."""
         deleted = 0
         cfg = self.config
+        if not cfg.delete:
+            return 0
         while len(self.segments) > 1:
             oldest = self.segments[0]
-            too_old = cfg.retention_ms >= 0 and oldest.max_timestamp >= 0 and \
-                now_ms - oldest.max_timestamp > cfg.retention_ms
+            largest = oldest.max_timestamp
+            if oldest.size == 0 and largest < 0:
+                largest = oldest.last_modified_ms()  # emptied by the cleaner: Kafka falls back to mtime too
+            too_old = cfg.retention_ms >= 0 and largest >= 0 and now_ms - largest > cfg.retention_ms
             too_big = cfg.retention_bytes >= 0 and self.size_in_bytes - oldest.size >= cfg.retention_bytes
             if not (too_old or too_big):
                 break
@@ -691,6 +719,43 @@ class PartitionLog:
         self.log_start_offset = max(self.log_start_offset, offset)
         self.epochs.truncate_from_start(self.log_start_offset)
         self._guarded(lambda: _write_int_file(self.directory / LOG_START_FILE, self.log_start_offset))
+
+    # --- log compaction: the swap (the cleaner itself runs off the loop, see log_cleaner) ---------
+    def replace_segments(self, old: list[LogSegment], new: list[tuple[int, int, int]],
+                         groups: list[segment_swap.SwapGroup]) -> bool:
+        """Swap cleaned segments in place of ``old`` (the first ``len(old)`` segments, unchanged since
+        the cleaning started); ``new`` lists (base, next offset, aborted-index entries) of the cleaned
+        segments, whose ``.cleaned`` files are written and fsynced. False (nothing done) if ``old``
+        is not the log's prefix any more (retention or DeleteRecords deleted some meanwhile).
+
+        Runs on the event loop thread without awaiting, so no read sees a mix. Crash safety is
+        ``segment_swap``'s; before its commit point the producer-state snapshot is rewritten with
+        aborted-index counts no larger than either layout holds (the check on load stays valid
+        whichever survives a crash).
+        """
+        self._check_online()
+        n = len(old)
+        if n == 0 or n >= len(self.segments) or any(a is not b for a, b in zip(self.segments, old, strict=False)):
+            return False
+        counts = {seg.base_offset: len(seg.txn_index.entries) for seg in self.segments[n:] if seg.txn_index.entries}
+        before = {seg.base_offset: len(seg.txn_index.entries) for seg in old}
+        for base, _next, entries in new:
+            if min(before.get(base, 0), entries):
+                counts[base] = min(before.get(base, 0), entries)
+        self.flush(force=True, aborted_counts=counts)
+        self._guarded(lambda: segment_swap.commit(self.directory, groups))
+        self._guarded(lambda: segment_swap.apply(self.directory, groups))
+        now = self.clock.now_ms()
+        fresh: list[LogSegment] = []
+        for seg in old:
+            seg.abandon()  # clean and flushed; its files are gone or replaced
+        for base, next_offset, _entries in new:
+            seg = LogSegment(self.directory, base, now, self.config.index_interval_bytes)
+            seg.load_indexes()
+            seg.next_offset = next_offset
+            fresh.append(seg)
+        self.segments[:n] = fresh
+        return True
 
     # --- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:

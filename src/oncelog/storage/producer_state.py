@@ -179,6 +179,8 @@ class ProducerStateManager:
                 entry.batches.clear()
             entry.producer_epoch = max(entry.producer_epoch, header.producer_epoch)
         entry.last_timestamp = max(entry.last_timestamp, header.max_timestamp)
+        if header.is_control and control is None:
+            return None  # a marker the log cleaner emptied: it only carries the producer's epoch
         if control is not None:
             done = None
             entry.coordinator_epoch = control.coordinator_epoch
@@ -204,7 +206,7 @@ class ProducerStateManager:
             if entry is None:
                 entry = self.producers[pid] = ProducerStateEntry(pid)
             done = self._apply_to(entry, header, control, first_offset=base)
-            if control is None and header.is_transactional and pid not in self.ongoing:
+            if control is None and header.is_transactional and not header.is_control and pid not in self.ongoing:
                 self.ongoing[pid] = entry.current_txn_first_offset if entry.current_txn_first_offset is not None \
                     else base
             if control is not None:

@@ -22,6 +22,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("oncelog.server")
 
 
+def short_message(text: str) -> str:
+    """An error message that always encodes: messages may quote a client's string (a config or topic
+    name of 32,767 characters), and a legacy (non-flexible) string holds at most 32,767 bytes."""
+    return text if len(text) <= 1000 else text[:1000] + "..."
+
+
+def _message(exc: Exception) -> str:
+    return short_message(str(exc))
+
+
 def _storage_error(exc: Exception) -> ErrorCode:
     if isinstance(exc, storage_errors.TopicExistsError):
         return ErrorCode.topic_already_exists
@@ -80,7 +90,7 @@ def handle_create_topics(broker: Broker, req: Request) -> dict[str, Any]:
                     log.info("created topic %s with %d partition(s)", t.name, n)
                 entry["configs"] = _created_configs(broker, configs)
             except storage_errors.StorageError as exc:
-                entry.update(error_code=_storage_error(exc), error_message=str(exc))
+                entry.update(error_code=_storage_error(exc), error_message=_message(exc))
         out.append(entry)
     return {"throttle_time": 0, "topics": out}
 
@@ -133,6 +143,6 @@ def handle_create_partitions(broker: Broker, req: Request) -> dict[str, Any]:
             try:
                 broker.logs.create_partitions(t.name, t.count)
             except storage_errors.StorageError as exc:
-                entry.update(error_code=_storage_error(exc), error_message=str(exc))
+                entry.update(error_code=_storage_error(exc), error_message=_message(exc))
         out.append(entry)
     return {"throttle_time": 0, "results": out}

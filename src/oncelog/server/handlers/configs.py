@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request
 from oncelog.server.authz import Op, R, allowed
+from oncelog.server.handlers.admin import short_message
 from oncelog.storage.config import (
     BROKER_SYNONYMS,
     TOPIC_CONFIG_SPECS,
@@ -150,7 +151,7 @@ def handle_describe_configs(broker: Broker, req: Request) -> dict[str, Any]:
                 entry["error_code"] = ErrorCode.topic_authorization_failed
             elif r.resource_name not in broker.logs.topics():
                 entry.update(error_code=ErrorCode.unknown_topic_or_partition,
-                             error_message=f"Topic {r.resource_name} does not exist")
+                             error_message=short_message(f"Topic {r.resource_name} does not exist"))
             else:
                 described = broker.logs.describe_topic_configs(r.resource_name)
         elif r.resource_type == RESOURCE_BROKER:
@@ -160,7 +161,7 @@ def handle_describe_configs(broker: Broker, req: Request) -> dict[str, Any]:
                 try:
                     described = _describe_broker(broker, _broker_scope(broker, r.resource_name) == "node")
                 except ConfigRequestError as exc:
-                    entry.update(error_code=exc.code, error_message=str(exc))
+                    entry.update(error_code=exc.code, error_message=short_message(str(exc)))
         else:
             entry.update(error_code=ErrorCode.invalid_request,
                          error_message=f"Unsupported resource type {r.resource_type}")
@@ -277,7 +278,7 @@ def _handle_alter(broker: Broker, req: Request, incremental: bool) -> dict[str, 
             _alter_one(broker, req, r.resource_type, r.resource_name, incremental, list(r.configs),
                        bool(body.validate_only))
         except ConfigRequestError as exc:
-            entry.update(error_code=exc.code, error_message=str(exc))
+            entry.update(error_code=exc.code, error_message=short_message(str(exc)))
         out.append(entry)
     return {"throttle_time": 0, "responses": out}
 

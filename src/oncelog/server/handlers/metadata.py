@@ -56,7 +56,12 @@ def handle_metadata(broker: Broker, req: Request) -> dict[str, Any]:
         allow_auto = getattr(body, "allow_auto_topic_creation", True)
         for t in requested:
             name = t.name
-            if name is None:  # v10+ lookup by topic id
+            if name is None and req.api_version < 12:
+                # Only v12 responses may carry a null name; Kafka refuses null names below v12.
+                topics_out.append({"error_code": ErrorCode.invalid_request, "name": "",
+                                   "topic_id": t.topic_id, "partitions": []})
+                continue
+            if name is None:  # v12 lookup by topic id
                 by_id = {info.topic_id: (n, info) for n, info in all_topics.items()}
                 found = by_id.get(t.topic_id)
                 if found is None:

@@ -59,6 +59,9 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
         # checks below that look at the batch's producer would otherwise see only the first one.
         return _error(partition, ErrorCode.invalid_record,
                       "a produce request (v3+) must contain exactly one record batch per partition")
+    if req.api_version < 7 and first.attributes & records.ATTR_COMPRESSION_MASK == 4:
+        return _error(partition, ErrorCode.unsupported_compression_type,
+                      f"produce requests with version {req.api_version} may not use zstd compression")
     if first.is_transactional and transactional_id is None:
         return _error(partition, ErrorCode.invalid_request, "transactional batch without a transactional id")
     if first.producer_id >= 0 and not first.is_transactional and not idempotent_write_allowed(broker, req):
@@ -74,8 +77,8 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
     try:
         result = plog.append(data, defer_sync=durability is not None)
     except records.InvalidRecordError as exc:
-        log.warning("rejecting corrupt batch for %s-%d: %s", topic, partition, exc)
-        return _error(partition, ErrorCode.corrupt_message, str(exc))
+        log.warning("rejecting invalid batch for %s-%d: %s", topic, partition, exc)
+        return _error(partition, ErrorCode(exc.error_code), str(exc))
     except storage_errors.RecordTooLargeError as exc:
         return _error(partition, ErrorCode.message_too_large, str(exc))
     except storage_errors.InvalidTimestampError as exc:

@@ -1,0 +1,444 @@
+"""The bench's output: rich tables in the terminal, and ``report.html`` (PNG charts from
+``oncelog.charts``, embedded) next to ``bench.json`` (every raw figure) and the charts as PNG files.
+
+Everything is computed from the JSON document, so a saved ``bench.json`` can be re-rendered.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+from oncelog import charts
+from oncelog.charts import Chart, Series
+
+BROKER_COLORS = {"oncelog": "#0072B2", "tansu": "#E69F00"}
+GUARANTEE_COLORS = {"at_most_once": "#CC79A7", "at_least_once": "#009E73", "exactly_once": "#0072B2"}
+LIMIT_TEXT = {
+    "broker": "the broker's CPU (≥ 85% of the cores it can use)",
+    "client": "a client process's CPU (≥ 85% of a core)",
+    "machine": "the machine (≥ 90% of every core busy, others' work included)",
+    "waiting": "neither CPU: round trips, fsync or the in-flight limit",
+}
+
+
+def mb(thr: dict[str, Any]) -> str:
+    """MB/s, marked with "!" when records timed out (the broker fell behind the producers' queue)."""
+    return _f(thr["mb_per_s"]) + ("!" if thr.get("timed_out") else "")
+
+
+def _f(v: Any, digits: int = 1) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return f"{v:,.{digits}f}"
+
+
+def _ms(v: Any) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return f"{v:.2f}" if v < 10 else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def latency_cell(lat: dict[str, Any] | None) -> str:
+    if not lat:
+        return "-"
+    if "error" in lat:
+        return "failed"
+    if not lat.get("n"):
+        return "no samples"
+    return f"{_ms(lat.get('p50'))} / {_ms(lat.get('p99'))} / {_ms(lat.get('p99.9'))}"
+
+
+def ratio(a: Any, b: Any) -> float | None:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 and a > 0:
+        return a / b
+    return None
+
+
+def _thr(doc: dict[str, Any], row: str, broker: str, key: str = "records_per_s") -> float | None:
+    value = doc["rows"].get(row, {}).get("brokers", {}).get(broker, {}).get("throughput", {}).get(key)
+    return float(value) if value is not None else None
+
+
+def _p99(entry: dict[str, Any], fraction: str) -> float | None:
+    lat = entry.get("latency", {}).get(fraction) or {}
+    return lat.get("p99") if lat.get("n") else None
+
+
+def brokers_of(doc: dict[str, Any]) -> list[str]:
+    return list(doc["conditions"]["brokers"])
+
+
+def ratios(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ratios that mean something, per broker (and ours / Tansu), with how to read each."""
+    out: list[dict[str, Any]] = []
+    names = brokers_of(doc)
+
+    def per_broker(label: str, num: str, den: str, meaning: str) -> None:
+        values = {b: ratio(_thr(doc, num, b), _thr(doc, den, b)) for b in names}
+        if any(v is not None for v in values.values()):
+            out.append({"ratio": label, "values": values, "meaning": meaning})
+
+    per_broker("transactional / acks=all", "produce_transactional", "produce",
+               "the cost of transactions (AddPartitionsToTxn, markers, commits every 100 ms) at the same "
+               "batch.size, linger.ms and in-flight limit (5)")
+    per_broker("idempotent / acks=all", "produce_idempotent", "produce",
+               "the cost of sequence checks and producer state at the same batch size and in-flight limit")
+    per_broker("read_committed / read_uncommitted", "consume_read_committed", "consume",
+               "the cost of the LSO and aborted-transaction index on reads (of transactional data)")
+    if "oncelog" in names and "tansu" in names:
+        for spec in doc["rows"].values():
+            brokers = spec.get("brokers", {})
+            o, t = brokers.get("oncelog", {}), brokers.get("tansu", {})
+            thr = ratio(o.get("throughput", {}).get("records_per_s"), t.get("throughput", {}).get("records_per_s"))
+            values: dict[str, float | None] = {"throughput": thr}
+            for fraction in spec.get("brokers", {}).get("oncelog", {}).get("latency", {}):
+                values[f"p99 at {fraction}"] = ratio(_p99(o, fraction), _p99(t, fraction))
+            out.append({"ratio": f"oncelog / tansu: {spec['label']}", "values": values,
+                        "meaning": "throughput > 1: ours is faster; p99 > 1: ours has the longer tail"})
+    target = doc.get("curves", {}).get("scale target")
+    if target and len(target["points"]) == 2:
+        lo, hi = target["points"]
+        values = {b: ratio(hi["brokers"].get(b, {}).get("throughput", {}).get("records_per_s"),
+                           lo["brokers"].get(b, {}).get("throughput", {}).get("records_per_s")) for b in names}
+        out.append({"ratio": "1,000 partitions x 100 producers / 3 partitions x 1 producer", "values": values,
+                    "meaning": "throughput kept at scale (issue 14's target: at least 0.8)"})
+    return out
+
+
+# --- terminal --------------------------------------------------------------------------------------
+
+def print_tables(doc: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    cond = doc["conditions"]
+    names = brokers_of(doc)
+    fractions = [f"{f * 100:g}%" for f in cond["plan"]["fractions"]]
+    plan = cond["plan"]
+    t = Table(title=f"oncelog bench ({cond['mode']}): {plan['size']} B records, {plan['partitions']} partitions, "
+                    f"{plan['processes']} client processes, librdkafka {cond['librdkafka']}",
+              caption="CPU: % of one core over the run (clients: all client processes; others: the rest of the "
+                      f"machine, {cond['cpus']} cores). Latency p50 / p99 / p99.9 in ms at fixed rates, the same "
+                      "for both brokers (a fraction of the lower peak); produce rows: acknowledgement, consume "
+                      "rows: produce-to-consume. MB/s marked ! : some records were not acknowledged within "
+                      "60 s (message.timeout.ms): the broker fell behind.")
+    for col, justify in [("workload", "left"), ("broker", "left"), ("MB/s", "right"), ("records/s", "right"),
+                         ("vs tansu" if "tansu" in names else "", "right"), ("rec/batch", "right"),
+                         ("CPU broker", "right"), ("CPU clients", "right"), ("CPU others", "right"),
+                         ("limited by", "left")]:
+        t.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for fraction in fractions:
+        t.add_column(f"@{fraction} of peak (ms)", justify="right")
+    for name, row in doc["rows"].items():
+        for i, broker in enumerate(names):
+            entry = row["brokers"].get(broker, {})
+            thr = entry.get("throughput")
+            lat = [latency_cell(entry.get("latency", {}).get(f)) for f in fractions]
+            label = row["label"] if i == 0 else ""
+            if thr is None:
+                t.add_row(label, broker, f"[red]{entry.get('error', 'not run')[:60]}[/red]", *[""] * 7, *lat)
+                continue
+            vs = ""
+            if broker == "oncelog" and "tansu" in names:
+                rr = ratio(thr["records_per_s"], _thr(doc, name, "tansu"))
+                vs = f"{rr:.2f}x" if rr else "-"
+            cpu = thr["cpu"]
+            t.add_row(label, broker, mb(thr), _f(thr["records_per_s"], 0), vs,
+                      _f(thr.get("batch_records_avg"), 0) if "batch_records_avg" in thr else "",
+                      f"{cpu['broker_pct']:.0f}%", f"{cpu['clients_pct']:.0f}%", f"{cpu['others_pct']:.0f}%",
+                      thr["limited_by"], *lat, end_section=i == len(names) - 1)
+    console.print(t)
+
+    rt = Table(title="Ratios (same run, same machine)")
+    rt.add_column("ratio")
+    keys: list[str] = []
+    for item in ratios(doc):
+        for k in item["values"]:
+            if k not in keys:
+                keys.append(k)
+    for k in keys:
+        rt.add_column(k, justify="right")
+    rt.add_column("how to read it")
+    for item in ratios(doc):
+        rt.add_row(item["ratio"], *[f"{v:.2f}" if (v := item["values"].get(k)) else "" for k in keys],
+                   item["meaning"])
+    if rt.row_count:
+        console.print(rt)
+
+    for name, curve in doc.get("curves", {}).items():
+        c = Table(title=f"{name}: throughput (MB/s) and p99 ack latency at "
+                        f"{plan['curve_fraction'] * 100:g}% of the peak (ms)")
+        c.add_column(curve["xlabel"])
+        for broker in names:
+            c.add_column(f"{broker} MB/s", justify="right")
+            c.add_column(f"{broker} rec/s", justify="right")
+            c.add_column(f"{broker} p99", justify="right")
+            c.add_column(f"{broker} limited by")
+        for x, point in zip(curve["x"], curve["points"], strict=True):
+            cells: list[str] = []
+            for broker in names:
+                e = point["brokers"].get(broker, {})
+                thr, point_lat = e.get("throughput"), e.get("latency") or {}
+                cells += [mb(thr) if thr else "[red]failed[/red]",
+                          _f(thr["records_per_s"], 0) if thr else "",
+                          _ms(point_lat.get("p99")) if point_lat.get("n") else "-",
+                          thr["limited_by"] if thr else ""]
+            label = f"{point['processes']}x{point['per_process']}" if name == "producers" else f"{x:,}"
+            if name == "scale target":
+                label = f"{point['partitions']:,} partitions, {point['producers']} producer(s)"
+            c.add_row(label, *cells)
+        console.print(c)
+
+    pipe = doc.get("pipeline")
+    if pipe and pipe.get("points"):
+        p = Table(title=f"Spark pipeline (oncelog source -> oncelog sink), {pipe['records']:,} records of "
+                        f"{pipe['size']} B, local[2]: records/s per micro-batch size (maxOffsetsPerTrigger)")
+        p.add_column("micro-batch", justify="right")
+        for g in GUARANTEE_COLORS:
+            p.add_column(g, justify="right")
+        p.add_column("exactly_once / at_least_once", justify="right")
+        for point in pipe["points"]:
+            if "error" in point:
+                p.add_row(f"{point['max_offsets']:,}", f"[red]{point['error'][:80]}[/red]")
+                continue
+            p.add_row(f"{point['max_offsets']:,}",
+                      *[_f(point.get(g, {}).get("records_per_s"), 0) for g in GUARANTEE_COLORS],
+                      _f(point.get("ratio_eo_vs_alo"), 3))
+        console.print(p)
+
+
+# --- HTML and charts -------------------------------------------------------------------------------
+
+def _target_charts(curve: dict[str, Any], names: list[str], fraction: float) -> list[tuple[str, Chart]]:
+    """Two points that are not a scale: bars, not a line."""
+    cats = [f"{p['partitions']:,} partitions\n{p['producers']} producer{'s' if p['producers'] != 1 else ''}"
+            for p in curve["points"]]
+    thr = {b: [p["brokers"].get(b, {}).get("throughput", {}).get("mb_per_s") for p in curve["points"]]
+           for b in names}
+    p99 = {b: [(p["brokers"].get(b, {}).get("latency") or {}).get("p99") for p in curve["points"]] for b in names}
+    return [("curve-scale-target-throughput", charts.bar_chart(
+                "Throughput: 3 partitions x 1 producer against 1,000 x 100", cats, thr, ylabel="MB/s (acknowledged)",
+                colors=BROKER_COLORS, fmt="{:.1f}")),
+            ("curve-scale-target-p99", charts.bar_chart(
+                "p99 acknowledgement latency at scale (ms, log scale)", cats, p99, ylabel="ms", logy=True,
+                colors=BROKER_COLORS,
+                note=f"at {fraction * 100:g}% of the lower of the two brokers' peaks at each point, linger.ms=0"))]
+
+
+def _curve_charts(name: str, curve: dict[str, Any], names: list[str], fraction: float) -> list[tuple[str, Chart]]:
+    if name == "scale target":
+        return _target_charts(curve, names, fraction)
+    xs = curve["x"]
+    logx = True
+    thr, p99, recs = [], [], []
+    for broker in names:
+        mb = [p["brokers"].get(broker, {}).get("throughput", {}).get("mb_per_s") for p in curve["points"]]
+        rs = [p["brokers"].get(broker, {}).get("throughput", {}).get("records_per_s") for p in curve["points"]]
+        lat = [(p["brokers"].get(broker, {}).get("latency") or {}) for p in curve["points"]]
+        color = BROKER_COLORS.get(broker)
+        thr.append(Series(broker, xs, mb, color=color))
+        recs.append(Series(broker, xs, rs, color=color))
+        p99.append(Series(broker, xs, [e.get("p99") if e.get("n") else None for e in lat], color=color))
+    slug = name.replace(" ", "-")
+    out = [(f"curve-{slug}-throughput", charts.line_chart(
+        f"Throughput against {name}", thr, xlabel=curve["xlabel"], ylabel="MB/s (acknowledged)", logx=logx,
+        annotate=True))]
+    if name == "record size":
+        out.append((f"curve-{slug}-records", charts.line_chart(
+            "Records/s against record size", recs, xlabel=curve["xlabel"], ylabel="records/s", logx=True,
+            logy=True, annotate=True)))
+    out.append((f"curve-{slug}-p99", charts.line_chart(
+        f"p99 acknowledgement latency against {name}", p99, xlabel=curve["xlabel"], ylabel="ms (log scale)",
+        logx=logx, logy=True, annotate=True,
+        note=f"at {fraction * 100:g}% of the lower of the two brokers' peaks at each point, linger.ms=0")))
+    return out
+
+
+def make_charts(doc: dict[str, Any]) -> list[tuple[str, str, Chart]]:
+    """(file name, section, chart) for every chart of the report."""
+    names = brokers_of(doc)
+    rows = doc["rows"]
+    plan = doc["conditions"]["plan"]
+    fractions = [f"{f * 100:g}%" for f in plan["fractions"]]
+    out: list[tuple[str, str, Chart]] = []
+    labels = [r["label"].replace("produce ", "").replace("consume ", "consume\n") for r in rows.values()]
+    groups = {b: [r["brokers"].get(b, {}).get("throughput", {}).get("mb_per_s") for r in rows.values()]
+              for b in names}
+    out.append(("throughput", "rows", charts.bar_chart(
+        "Throughput per workload (MB/s acknowledged or consumed)", labels, groups, ylabel="MB/s",
+        colors=BROKER_COLORS, width_px=900, fmt="{:.1f}")))
+    cpu_labels, broker_cpu, client_cpu, other_cpu = [], [], [], []
+    for r in rows.values():
+        for b in names:
+            thr = r["brokers"].get(b, {}).get("throughput")
+            if thr:
+                cpu_labels.append(f"{r['label'].replace('produce ', '').replace('consume ', 'consume ')}\n{b}")
+                broker_cpu.append(thr["cpu"]["broker_pct"])
+                client_cpu.append(thr["cpu"]["clients_pct"])
+                other_cpu.append(thr["cpu"]["others_pct"])
+    if cpu_labels:
+        out.append(("cpu", "rows", charts.stacked_bar_chart(
+            "Where the CPU went during each throughput run (% of one core)", cpu_labels,
+            {"broker": broker_cpu, "clients": client_cpu, "everyone else on the machine": other_cpu},
+            ylabel="% of one core", colors={"broker": "#0072B2", "clients": "#009E73",
+                                            "everyone else on the machine": "#BBBBBB"},
+            hline=doc["conditions"]["cpus"] * 100, hline_label=f"all {doc['conditions']['cpus']} cores",
+            width_px=1100, height_px=420)))
+    lat_groups: dict[str, list[float | None]] = {}
+    for f in fractions:
+        for b in names:
+            lat_groups[f"{b} @{f}"] = [_p99(r["brokers"].get(b, {}), f) for r in rows.values()]
+    lat_colors = {}
+    for i, f in enumerate(fractions):
+        for b in names:
+            base = BROKER_COLORS.get(b, "#555555")
+            lat_colors[f"{b} @{f}"] = base if i == len(fractions) - 1 else _lighter(base)
+    out.append(("latency-p99", "rows", charts.bar_chart(
+        "p99 latency per workload at fixed rates (ms, log scale)", labels, lat_groups, ylabel="ms",
+        logy=True, colors=lat_colors, width_px=1100, fmt="{:.1f}",
+        note="produce rows: acknowledgement latency (delivery report); consume rows: produce-to-consume")))
+    for name, r in rows.items():
+        tables: dict[str, list[tuple[float, float]]] = {}
+        colors: dict[str, str] = {}
+        for i, f in enumerate(fractions):
+            for b in names:
+                lat = r["brokers"].get(b, {}).get("latency", {}).get(f) or {}
+                if lat.get("n"):
+                    tables[f"{b} @{f}"] = [(q, v) for q, v in lat["table"]]
+                    base = BROKER_COLORS.get(b, "#555555")
+                    colors[f"{b} @{f}"] = base if i == len(fractions) - 1 else _lighter(base)
+        if tables:
+            kind = "produce-to-consume" if r["kind"] == "consume" else "acknowledgement"
+            out.append((f"latency-{name}", "latency", charts.quantile_chart(
+                f"{r['label']}: {kind}", tables, colors=colors, ylabel=f"{kind} latency, ms (log scale)")))
+    for name, curve in doc.get("curves", {}).items():
+        for file, chart in _curve_charts(name, curve, names, plan["curve_fraction"]):
+            out.append((file, "curves", chart))
+    pipe = doc.get("pipeline")
+    good = [p for p in (pipe or {}).get("points", []) if "error" not in p]
+    if good:
+        xs = [p["max_offsets"] for p in good]
+        series = [Series(g, xs, [p.get(g, {}).get("records_per_s") for p in good], color=c)
+                  for g, c in GUARANTEE_COLORS.items()]
+        out.append(("pipeline", "pipeline", charts.line_chart(
+            "Spark pipeline records/s against micro-batch size", series,
+            xlabel="micro-batch size (maxOffsetsPerTrigger, records)", ylabel="records/s", logx=True,
+            annotate=True, width_px=760)))
+    return out
+
+
+def _lighter(color: str) -> str:
+    r, g, b = (int(color[i:i + 2], 16) for i in (1, 3, 5))
+    return "#" + "".join(f"{int(c + (255 - c) * 0.55):02x}" for c in (r, g, b))
+
+
+def _html_table(head: list[str], rows: list[list[str]], text_last: bool = False) -> str:
+    """A table of figures (right-aligned); ``text_last``: the last column is prose (left-aligned)."""
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    left = ' style="text-align:left"'
+    body = "".join("<tr>" + "".join(
+        f'<td{left if text_last and i == len(row) - 1 else ""}>{c}</td>'
+        for i, c in enumerate(row)) + "</tr>" for row in rows)
+    return f'<table class="num"><tr>{th}</tr>{body}</table>'
+
+
+def write_html(doc: dict[str, Any], out: Path, chart_list: list[tuple[str, str, Chart]]) -> Path:
+    cond = doc["conditions"]
+    plan = cond["plan"]
+    names = brokers_of(doc)
+    fractions = [f"{f * 100:g}%" for f in plan["fractions"]]
+    e = html.escape
+    rows_html = []
+    for name, row in doc["rows"].items():
+        for i, broker in enumerate(names):
+            entry = row["brokers"].get(broker, {})
+            thr = entry.get("throughput")
+            lat = [e(latency_cell(entry.get("latency", {}).get(f))) for f in fractions]
+            label = e(row["label"]) if i == 0 else ""
+            if thr is None:
+                rows_html.append([label, e(broker), f'<span class="bad">{e(entry.get("error", "not run"))}</span>',
+                                  *[""] * 7, *lat])
+                continue
+            vs = ""
+            if broker == "oncelog" and "tansu" in names:
+                rr = ratio(thr["records_per_s"], _thr(doc, name, "tansu"))
+                vs = f"{rr:.2f}x" if rr else "-"
+            cpu = thr["cpu"]
+            rows_html.append([label, e(broker), mb(thr), _f(thr["records_per_s"], 0), vs,
+                              _f(thr.get("batch_records_avg"), 0) if "batch_records_avg" in thr else "",
+                              f"{cpu['broker_pct']:.0f}%", f"{cpu['clients_pct']:.0f}%",
+                              f"{cpu['others_pct']:.0f}%",
+                              f'<span title="{e(LIMIT_TEXT.get(thr["limited_by"], ""))}">{e(thr["limited_by"])}'
+                              "</span>", *lat])
+    main = _html_table(["workload", "broker", "MB/s", "records/s", "vs tansu", "records/batch", "CPU broker",
+                        "CPU clients", "CPU others", "limited by",
+                        *[f"p50 / p99 / p99.9 ms at {f} of peak" for f in fractions]], rows_html)
+    keys: list[str] = []
+    for item in ratios(doc):
+        keys += [k for k in item["values"] if k not in keys]
+    ratio_rows = [[e(item["ratio"]), *[f"{v:.2f}" if (v := item["values"].get(k)) else "" for k in keys],
+                   e(item["meaning"])] for item in ratios(doc)]
+    ratio_table = _html_table(["ratio", *keys, "how to read it"], ratio_rows, text_last=True)
+    sections: dict[str, list[str]] = {}
+    for file, section, chart in chart_list:
+        sections.setdefault(section, []).append(chart.img(file.replace("-", " ")))
+    limits = "".join(f"<li><b>{e(k)}</b>: {e(v)}</li>" for k, v in LIMIT_TEXT.items())
+    brokers = "".join(f"<li><b>{e(n)}</b>: <code>{e(b['command'])}</code></li>" for n, b in cond["brokers"].items())
+    curve_note = (f"Each point: throughput (producers send as fast as they can for {plan['duration_s']:g} s, "
+                  f"linger.ms=5), then p99 acknowledgement latency at {plan['curve_fraction'] * 100:g}% of the "
+                  "lower of the two brokers' peaks at that point (linger.ms=0).")
+    pipe = doc.get("pipeline") or {}
+    pipe_html = ("<p>Not measured in this run" + (" (--quick)" if cond["mode"] == "quick" else "") + ".</p>"
+                 if not pipe.get("points") else
+                 f"<p>{pipe['records']:,} records of {pipe['size']} B per guarantee, oncelog source to oncelog sink, "
+                 "local[2], each micro-batch size in its own Spark session and broker "
+                 "(<code>python -m oncelog.demo.pipeline_bench</code>).</p>"
+                 + _html_table(["micro-batch (records)", *GUARANTEE_COLORS, "exactly_once / at_least_once"],
+                               [[f"{p['max_offsets']:,}", *([_f(p.get(g, {}).get("records_per_s"), 0)
+                                                             for g in GUARANTEE_COLORS] if "error" not in p else
+                                                            [f'<span class="bad">{e(p["error"])}</span>', "", ""]),
+                                 _f(p.get("ratio_eo_vs_alo"), 3)] for p in pipe["points"]]))
+    body = f"""
+<p>{e(cond['date'])}, {cond['cpus']} cores ({e(cond['machine'])}), load average before the run
+{', '.join(str(x) for x in cond['load_average_1_5_15'])} (a shared machine: absolute figures are noisy, ratios
+measured side by side in one run are what to read). Python {e(cond['python'])}, librdkafka {e(cond['librdkafka'])}.
+Records of {plan['size']} B, {plan['partitions']} partitions, {plan['processes']} client processes x
+{plan['producers_per_process']} producer each; throughput runs of {plan['duration_s']:g} s, fixed-rate runs of
+{plan['latency_s']:g} s (the first {plan['warmup_s']:g} s dropped). Raw figures: <code>bench.json</code>.</p>
+<ul>{brokers}</ul>
+<h2>Workloads</h2>
+<p>Producers: acks=all, linger.ms=5, batch.size=1 MiB, at most 5 requests in flight for every mode, so the
+ratios between modes are the cost of the guarantee at the same batching. MB/s marked "!": some records were not
+acknowledged within 60 s (<code>message.timeout.ms</code>), the broker fell behind. "limited by" says who ran
+out:</p>
+<ul>{limits}</ul>
+{main}
+<div class="row">{"".join(sections.get("rows", []))}</div>
+<h2>Ratios</h2>{ratio_table}
+<h2>Latency by percentile</h2>
+<p>At fixed rates, the same for both brokers. Produce rows: acknowledgement latency from librdkafka's delivery
+reports (<code>linger.ms=0</code>); consume rows: from <code>produce()</code> to the consumer, through a
+monotonic timestamp in each record.</p>
+<div class="row">{"".join(sections.get("latency", []))}</div>
+<h2>Scaling curves</h2><p>{e(curve_note)}</p>
+<div class="row">{"".join(sections.get("curves", [])) or "<p>Not measured in this run.</p>"}</div>
+<h2>Spark pipeline</h2>{pipe_html}
+<div class="row">{"".join(sections.get("pipeline", []))}</div>
+"""
+    path = out / "report.html"
+    path.write_text(charts.page("oncelog bench: our broker and the Tansu broker, side by side", body))
+    return path
+
+
+def write_all(doc: dict[str, Any], out: Path) -> Path:
+    """bench.json, the charts as PNG files, and report.html, all in ``out``."""
+    from oncelog.bench.runner import as_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(as_json(doc))
+    chart_list = make_charts(doc)
+    for file, _section, chart in chart_list:
+        (out / f"{file}.png").write_bytes(chart.png)
+    return write_html(doc, out, chart_list)

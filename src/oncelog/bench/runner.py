@@ -1,0 +1,395 @@
+"""What `oncelog bench` measures, and in which order: both brokers run side by side for the whole
+bench, every figure of one broker is measured in the same run as the other's, and the fixed rates of
+the latency runs are the same for both (a fraction of the lower of the two peaks, so that both can
+sustain it).
+
+Per workload row: throughput (producers in several processes send as fast as they can for
+``duration_s``), then acknowledgement latency (or produce-to-consume latency for the consume rows)
+at fixed fractions of the peak. Curves: throughput and p99 latency against partitions, producers and
+record size; the Spark pipeline's records/s against its micro-batch size (measured by
+``oncelog.demo.pipeline_bench``). Nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from oncelog.bench.clients import BenchError, ClientPool, Job, RunResult
+from oncelog.bench.cpu import CpuSample, CpuUse, cpu_count
+from oncelog.charts import quantile_table
+from oncelog.testing.broker_process import BrokerProcess
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    name: str
+    label: str
+    kind: str  # "produce" | "consume"
+    mode: str = "plain"
+    source: str = ""  # consume rows: the produce row whose topic they read
+    isolation: str = "read_uncommitted"
+
+
+ROWS = {r.name: r for r in (
+    RowSpec("produce", "produce acks=all", "produce", "plain"),
+    RowSpec("produce_idempotent", "produce idempotent", "produce", "idempotent"),
+    RowSpec("produce_transactional", "produce transactional", "produce", "transactional"),
+    RowSpec("consume", "consume", "consume", source="produce"),
+    RowSpec("consume_read_committed", "consume read_committed", "consume", "transactional",
+            source="produce_transactional", isolation="read_committed"),
+)}
+
+
+@dataclass
+class Plan:
+    """The bench's settings; ``quick()`` and ``full()`` are the two presets."""
+
+    quick: bool
+    duration_s: float  # each throughput run
+    latency_s: float  # each fixed-rate run
+    warmup_s: float  # dropped from the start of each fixed-rate run
+    size: int = 1024
+    partitions: int = 3
+    processes: int = 2  # producer (and consumer) processes of the workload rows
+    producers_per_process: int = 1
+    fractions: tuple[float, ...] = (0.05, 0.5)
+    curve_fraction: float = 0.5  # p99 on the curves: at this fraction of each point's peak
+    rows: tuple[str, ...] = tuple(ROWS)
+    partition_points: tuple[int, ...] = (1, 10, 100, 1000)
+    producer_points: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (4, 4), (4, 25))  # processes x per process
+    size_points: tuple[int, ...] = (100, 1024, 10_240, 102_400)
+    scale_target: bool = True  # 1000 partitions x 100 producers against 3 partitions x 1 producer
+    pipeline_records: int = 100_000
+    pipeline_batches: tuple[int, ...] = (5_000, 20_000, 100_000)
+    curves: bool = True
+
+    @classmethod
+    def full(cls) -> Plan:
+        return cls(quick=False, duration_s=3.0, latency_s=4.0, warmup_s=1.0)
+
+    @classmethod
+    def quick_plan(cls) -> Plan:
+        return cls(quick=True, duration_s=0.4, latency_s=0.5, warmup_s=0.1, partition_points=(1, 10),
+                   producer_points=((1, 1), (2, 2)), size_points=(100, 10_240), scale_target=False,
+                   pipeline_records=0)
+
+    @property
+    def pool_size(self) -> int:
+        needed = [self.processes * 2]  # producers and consumers of a produce-to-consume latency run
+        if self.curves:
+            needed += [p for p, _ in self.producer_points]
+        return max(needed)
+
+
+@dataclass
+class Broker:
+    """A broker under test. ``cores`` is how many cores it can use for its work: ours runs every
+    request on one asyncio thread, Tansu on a thread pool."""
+
+    name: str
+    process: BrokerProcess
+    cores: int
+    topics: int = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.process.proc is not None
+        return self.process.proc.pid
+
+    @property
+    def bootstrap(self) -> str:
+        return self.process.bootstrap
+
+    def topic(self, what: str, partitions: int) -> str:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        self.topics += 1
+        name = f"bench-{self.topics}-{what}"
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})  # must outlive the future
+        try:
+            admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=60)
+        except Exception as exc:
+            raise BenchError(f"cannot create topic {name} ({partitions} partitions): {exc}") from exc
+        return name
+
+    def delete(self, topic: str) -> None:
+        """Best effort: frees the disk (ours) or memory (Tansu keeps everything in memory)."""
+        try:
+            from confluent_kafka.admin import AdminClient
+
+            admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})
+            admin.delete_topics([topic])[topic].result(timeout=15)
+        except Exception:
+            pass
+
+
+def limited_by(cpu: CpuUse, broker_cores: int) -> str:
+    """Who limits a throughput run, from where the CPU went (a heuristic; performance.md explains it)."""
+    if cpu.broker_pct >= 85 * broker_cores:
+        return "broker"
+    if cpu.client_max_pct >= 85:
+        return "client"
+    if cpu.machine_pct >= 90:
+        return "machine"
+    return "waiting"
+
+
+def _summary(run: RunResult, before: CpuSample, after: CpuSample, broker: Broker) -> dict[str, Any]:
+    records = sum(r.records for r in run.results)
+    nbytes = sum(r.bytes for r in run.results)
+    cpu = CpuUse.between(before, after, [r.cpu_s for r in run.results])
+    out: dict[str, Any] = {
+        "records": records, "bytes": nbytes, "seconds": round(run.seconds, 4),
+        "mb_per_s": round(nbytes / run.seconds / 1e6, 3), "records_per_s": round(records / run.seconds, 1),
+        "cpu": asdict(cpu), "limited_by": limited_by(cpu, broker.cores), "processes": len(run.results),
+        "timed_out": sum(r.timed_out for r in run.results)}
+    batches = sum(r.batches for r in run.results)
+    if batches:
+        out["batch_records_avg"] = round(sum(r.batch_records for r in run.results) / batches, 1)
+        out["batch_bytes_avg"] = round(sum(r.batch_bytes for r in run.results) / batches)
+    return out
+
+
+def _quantiles(samples: list[float]) -> dict[str, Any]:
+    """n, p50, p90, p99, p99.9, p99.99 (when there are enough samples), max, and the whole table."""
+    table = [(q, round(v, 3)) for q, v in quantile_table(samples)]
+    named = {("max" if q == 100.0 else f"p{q:g}"): v for q, v in table if q > 0}
+    return {"n": len(samples), **named, "table": table}
+
+
+class Bench:
+    def __init__(self, plan: Plan, brokers: list[Broker], pool: ClientPool, progress: Progress) -> None:
+        self.plan, self.brokers, self.pool, self.progress = plan, brokers, pool, progress
+        self.tag = str(os.getpid())
+        self.runs = 0
+
+    # --- one run ------------------------------------------------------------------------------------
+
+    def _run(self, broker: Broker, jobs: list[Job]) -> tuple[RunResult, CpuSample, CpuSample]:
+        self.runs += 1
+        for i, j in enumerate(jobs):  # transactional ids and group ids unique per run and process
+            j.tag = f"{self.tag}-{self.runs}-{i}"
+        box: dict[str, CpuSample] = {}
+        run = self.pool.run(jobs, on_start=lambda: box.update(a=CpuSample.take(broker.pid)))
+        after = CpuSample.take(broker.pid)
+        return run, box["a"], after
+
+    def _producers(self, broker: Broker, topic: str, partitions: int, *, mode: str = "plain",
+                   processes: int, per_process: int, size: int, rate: float = 0.0,
+                   stats: bool = False) -> list[Job]:
+        plan = self.plan
+        return [Job("produce", broker.bootstrap, topic, list(range(partitions)), mode=mode, producers=per_process,
+                    size=size, duration_s=plan.latency_s if rate else plan.duration_s,
+                    rate=rate / processes if rate else 0.0, linger_ms=0 if rate else 5,
+                    warmup_s=plan.warmup_s if rate else 0.0, stats=stats)
+                for _ in range(processes)]
+
+    def throughput(self, broker: Broker, topic: str, partitions: int, *, mode: str = "plain", processes: int,
+                   per_process: int, size: int, stats: bool = False) -> dict[str, Any]:
+        jobs = self._producers(broker, topic, partitions, mode=mode, processes=processes, per_process=per_process,
+                               size=size, stats=stats)
+        run, a, b = self._run(broker, jobs)
+        return _summary(run, a, b, broker)
+
+    def consume_throughput(self, broker: Broker, topic: str, partitions: int, isolation: str) -> dict[str, Any]:
+        n = min(self.plan.processes, partitions)
+        jobs = [Job("consume", broker.bootstrap, topic, [p for p in range(partitions) if p % n == i],
+                    isolation=isolation) for i in range(n)]
+        run, a, b = self._run(broker, jobs)
+        return _summary(run, a, b, broker)
+
+    def latency(self, broker: Broker, topic: str, partitions: int, rate: float, *, mode: str = "plain",
+                processes: int, per_process: int, size: int, consume: str = "") -> dict[str, Any]:
+        """Records at a fixed total ``rate``; acknowledgement latency, or produce-to-consume latency
+        when ``consume`` names an isolation level (consumers in their own processes)."""
+        jobs = self._producers(broker, topic, partitions, mode=mode, processes=processes, per_process=per_process,
+                               size=size, rate=rate)
+        consumers = min(self.plan.processes, partitions) if consume else 0
+        jobs += [Job("consume", broker.bootstrap, topic, [p for p in range(partitions) if p % consumers == i],
+                     isolation=consume, latency=True, duration_s=self.plan.latency_s, warmup_s=self.plan.warmup_s)
+                 for i in range(consumers)]
+        run, a, b = self._run(broker, jobs)
+        producers, readers = run.results[:processes], run.results[processes:]
+        samples = [x for r in (readers if consume else producers) for x in r.latencies_ms]
+        cpu = CpuUse.between(a, b, [r.cpu_s for r in run.results])
+        acked = sum(r.records for r in producers)
+        return {"rate": round(rate, 1), "offered_per_s": round(sum(r.sent_per_s for r in producers), 1),
+                "acked_per_s": round(acked / self.plan.latency_s, 1), "kind": "produce-to-consume" if consume
+                else "acknowledgement", **_quantiles(samples), "cpu": asdict(cpu)}
+
+    # --- the workload rows --------------------------------------------------------------------------
+
+    def rows(self) -> dict[str, Any]:
+        plan = self.plan
+        out: dict[str, Any] = {}
+        topics: dict[tuple[str, str], str] = {}
+        for name in plan.rows:
+            spec = ROWS[name]
+            row: dict[str, Any] = {"label": spec.label, "kind": spec.kind, "brokers": {}}
+            if spec.kind == "produce":
+                row["config"] = {"acks": "all", "linger.ms": 5, "batch.size": 1_048_576,
+                                 "max.in.flight.requests.per.connection": 5, "mode": spec.mode,
+                                 **({"commit every ms": 100} if spec.mode == "transactional" else {})}
+            else:
+                row["config"] = {"isolation.level": spec.isolation, "reads the topic of": spec.source}
+            out[name] = row
+            for broker in self.brokers:
+                self.progress(f"{spec.label} on {broker.name}: throughput")
+                try:
+                    if spec.kind == "produce":
+                        topic = broker.topic(name, plan.partitions)
+                        topics[(broker.name, name)] = topic
+                        r = self.throughput(broker, topic, plan.partitions, mode=spec.mode, processes=plan.processes,
+                                            per_process=plan.producers_per_process, size=plan.size, stats=True)
+                    else:
+                        source = topics.get((broker.name, spec.source))
+                        if source is None:
+                            raise BenchError(f"needs the {spec.source} row")
+                        r = self.consume_throughput(broker, source, plan.partitions, spec.isolation)
+                    row["brokers"][broker.name] = {"throughput": r, "latency": {}}
+                except BenchError as exc:
+                    row["brokers"][broker.name] = {"error": str(exc), "latency": {}}
+        for (broker_name, _row), topic in topics.items():
+            next(b for b in self.brokers if b.name == broker_name).delete(topic)
+        for name in plan.rows:
+            self._row_latency(out, name)
+        return out
+
+    @staticmethod
+    def _peak(row: dict[str, Any]) -> float | None:
+        """The lower of the brokers' peaks (records/s): a rate every broker can sustain."""
+        peaks = [b["throughput"]["records_per_s"] for b in row["brokers"].values() if "throughput" in b]
+        return min(peaks) if peaks else None
+
+    def _row_latency(self, rows: dict[str, Any], name: str) -> None:
+        plan, spec, row = self.plan, ROWS[name], rows[name]
+        peak = self._peak(row)
+        if spec.kind == "consume" and peak and spec.source in rows:
+            # records reach the consumers no faster than their producers send them
+            peak = min(peak, self._peak(rows[spec.source]) or peak)
+        if not peak:
+            return
+        row["peak_records_per_s"] = peak
+        for broker in self.brokers:
+            entry = row["brokers"].setdefault(broker.name, {"latency": {}})
+            try:
+                topic = broker.topic(f"{name}-lat", plan.partitions)
+            except BenchError as exc:
+                entry["latency"] = {f"{f * 100:g}%": {"error": str(exc)} for f in plan.fractions}
+                continue
+            for fraction in plan.fractions:
+                label = f"{fraction * 100:g}%"
+                self.progress(f"{spec.label} on {broker.name}: latency at {label} of the peak")
+                try:
+                    entry["latency"][label] = self.latency(
+                        broker, topic, plan.partitions, peak * fraction, mode=spec.mode, processes=plan.processes,
+                        per_process=plan.producers_per_process, size=plan.size,
+                        consume=spec.isolation if spec.kind == "consume" else "")
+                except BenchError as exc:
+                    entry["latency"][label] = {"error": str(exc)}
+            broker.delete(topic)
+
+    # --- curves -------------------------------------------------------------------------------------
+
+    def _point(self, what: str, *, partitions: int, processes: int, per_process: int,
+               size: int) -> dict[str, Any]:
+        """Throughput of every broker at one point, then p99 at a fraction of the lower peak."""
+        point: dict[str, Any] = {"partitions": partitions, "producers": processes * per_process,
+                                 "processes": processes, "per_process": per_process, "size": size, "brokers": {}}
+        topics = {}
+        for broker in self.brokers:
+            self.progress(f"{what} on {broker.name}: throughput")
+            try:
+                topics[broker.name] = broker.topic(what.replace(" ", "-").replace("=", ""), partitions)
+                point["brokers"][broker.name] = {"throughput": self.throughput(
+                    broker, topics[broker.name], partitions, processes=processes, per_process=per_process,
+                    size=size)}
+            except BenchError as exc:
+                point["brokers"][broker.name] = {"error": str(exc)}
+        peaks = [b["throughput"]["records_per_s"] for b in point["brokers"].values() if "throughput" in b]
+        for broker in self.brokers:
+            if not peaks or broker.name not in topics:
+                continue
+            rate = min(peaks) * self.plan.curve_fraction
+            self.progress(f"{what} on {broker.name}: latency at {self.plan.curve_fraction * 100:g}% of the peak")
+            try:
+                point["brokers"][broker.name]["latency"] = self.latency(
+                    broker, topics[broker.name], partitions, rate, processes=processes, per_process=per_process,
+                    size=size)
+            except BenchError as exc:
+                point["brokers"][broker.name]["latency"] = {"error": str(exc)}
+            broker.delete(topics[broker.name])
+        return point
+
+    def curves(self) -> dict[str, Any]:
+        plan = self.plan
+        base = {"partitions": plan.partitions, "processes": plan.processes, "per_process": 1, "size": plan.size}
+        curves: dict[str, Any] = {}
+        curves["partitions"] = {"x": list(plan.partition_points), "xlabel": "partitions", "points": [
+            self._point(f"partitions={n}", **{**base, "partitions": n}) for n in plan.partition_points]}
+        curves["producers"] = {"x": [p * q for p, q in plan.producer_points],
+                               "xlabel": "producers (processes x producers per process)", "points": [
+            self._point(f"producers={p}x{q}", **{**base, "processes": p, "per_process": q})
+            for p, q in plan.producer_points]}
+        curves["record size"] = {"x": list(plan.size_points), "xlabel": "record size (bytes)", "points": [
+            self._point(f"size={s}", **{**base, "size": s}) for s in plan.size_points]}
+        if plan.scale_target:
+            p, q = plan.producer_points[-1]
+            curves["scale target"] = {
+                "x": [1, p * q], "xlabel": "3 partitions x 1 producer, then 1,000 partitions x 100 producers",
+                "points": [self._point("target=3p-1x1", partitions=3, processes=1, per_process=1, size=plan.size),
+                           self._point(f"target=1000p-{p}x{q}", partitions=1000, processes=p, per_process=q,
+                                       size=plan.size)]}
+        return curves
+
+
+def pipeline(records: int, batches: tuple[int, ...], progress: Progress) -> dict[str, Any]:
+    """records/s of the Spark pipeline per guarantee and micro-batch size (maxOffsetsPerTrigger),
+    each size measured by ``python -m oncelog.demo.pipeline_bench`` (its own broker and Spark session)."""
+    points: list[dict[str, Any]] = []
+    for batch in batches:
+        progress(f"Spark pipeline, {records:,} records, micro-batches of {batch:,} (a minute or two)")
+        out = subprocess.run([sys.executable, "-m", "oncelog.demo.pipeline_bench", "--records", str(records),
+                              "--max-offsets", str(batch)], capture_output=True, text=True, timeout=1800)
+        if out.returncode != 0:
+            tail = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+            points.append({"max_offsets": batch, "error": tail[:300]})
+            continue
+        points.append({"max_offsets": batch, **json.loads(out.stdout.strip().splitlines()[-1])})
+    return {"records": records, "size": 100, "points": points}
+
+
+def conditions(plan: Plan, brokers: list[Broker]) -> dict[str, Any]:
+    import confluent_kafka
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "mode": "quick" if plan.quick else "full",
+        "cpus": cpu_count(), "load_average_1_5_15": [round(x, 2) for x in load],
+        "machine": platform.machine(), "python": platform.python_version(),
+        "librdkafka": confluent_kafka.libversion()[0], "confluent_kafka": confluent_kafka.version()[0],
+        "plan": {k: v for k, v in asdict(plan).items() if k != "rows"},
+        "brokers": {b.name: {"command": " ".join(b.process.args), "cores_for_requests": b.cores} for b in brokers},
+    }
+
+
+def ensure_writable(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    probe = out / ".oncelog-bench-probe"
+    probe.write_text("")
+    probe.unlink()
+
+
+def as_json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=1, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o))
