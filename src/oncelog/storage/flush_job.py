@@ -2,11 +2,11 @@
 
 ``PartitionLog.begin_flush`` captures, without touching the disk: the log end offset ``end``, a
 duplicate descriptor of every data file written since the last flush, the index entries not yet in
-their files, the producer-state snapshot at ``end`` and the leader-epoch file. ``run`` then does the
-slow part anywhere (the broker's flush thread) in the order the recovery relies on: data fsync, index
-appends (each fsynced), the directory when an index file was created, the leader-epoch file, the
-snapshot, the recovery point. ``PartitionLog.finish_flush``, back on the loop thread, moves the
-in-memory recovery point to ``end`` only after ``run`` returned.
+their files, the producer-state snapshot at ``end`` (whose offset is the recovery point on disk) and
+the leader-epoch file. ``run`` then does the slow part anywhere (the broker's flush thread) in the
+order the recovery relies on: data fsync, index appends, the directory when an index file was
+created, the leader-epoch file, the snapshot. ``PartitionLog.finish_flush``, back on the loop thread,
+moves the in-memory recovery point to ``end`` only after ``run`` returned.
 
 Why this is safe while the loop keeps appending: a flush covers a prefix. The fsync of a data file
 makes at least everything up to ``end`` durable (bytes appended meanwhile may be too, harmlessly);
@@ -32,12 +32,18 @@ from oncelog.storage import fileio
 class FlushJob:
     directory: Path
     end: int
+    # light: a periodic background flush. Only what recovery relies on below the recovery point is
+    # fsynced -- the data, the aborted-transaction index, the snapshot's content; the offset and time
+    # index entries (hints, rebuilt or scanned past if short) and the snapshot's new name reach the
+    # disk with the kernel's writeback or the next full flush (a crash then leaves the previous
+    # snapshot: an older recovery point, valid, with a longer rescan). Not light: everything,
+    # names included (before segments are deleted or swapped, and at close).
+    light: bool = False
     fds: list[int] = field(default_factory=list)
-    index_appends: list[tuple[Path, bytes]] = field(default_factory=list)
+    index_appends: list[tuple[Path, bytes, bool]] = field(default_factory=list)  # (path, bytes, fsync)
     new_names: bool = False
     epochs: tuple[Path, bytes] | None = None
     snapshot: tuple[Path, bytes] | None = None
-    recovery_point: tuple[Path, bytes] | None = None
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     _claim: threading.Lock = field(default_factory=threading.Lock)
@@ -54,13 +60,14 @@ class FlushJob:
         try:
             for fd in self.fds:
                 fileio.fs.fsync(fd)
-            for path, data in self.index_appends:
-                fileio.fs.append_durable(path, data)
+            for path, data, fsync in self.index_appends:
+                fileio.fs.append_durable(path, data, fsync=fsync)
             if self.new_names:
                 fileio.fs.fsync_dir(self.directory)
-            for target in (self.epochs, self.snapshot, self.recovery_point):
-                if target is not None:
-                    fileio.fs.write_atomic(*target)
+            if self.epochs is not None:
+                fileio.fs.write_atomic(*self.epochs)
+            if self.snapshot is not None:
+                fileio.fs.write_atomic(*self.snapshot, durable_name=not self.light)
         except BaseException as exc:
             self.error = exc
             raise

@@ -90,10 +90,10 @@ class LogSegment:
         if self.dirty:
             job.fds.append(fileio.fs.dup(self.fd))
             self.dirty = False
-        for path, pending in zip(index_files, (self.offset_index.take_pending(), self.time_index.take_pending(),
-                                                 self.txn_index.take_pending()), strict=True):
+        pendings = (self.offset_index.take_pending(), self.time_index.take_pending(), self.txn_index.take_pending())
+        for path, pending, hint in zip(index_files, pendings, (True, True, False), strict=True):
             if pending:
-                job.index_appends.append((path, pending))
+                job.index_appends.append((path, pending, not (hint and job.light)))
                 if not path.exists():
                     job.new_names = True
 

@@ -102,6 +102,7 @@ class PartitionLog:
         self.dir_state = dir_state or LogDirState()
         self._flush_job: FlushJob | None = None
         self._synced_end = 0  # log end offset at the last sync()
+        self._snapshot_name_durable = True
         fileio.fs.mkdir(directory)
         self.segments: list[LogSegment] = []
         self.producer_state = ProducerStateManager()
@@ -574,17 +575,19 @@ class PartitionLog:
         """An fsync planned by :meth:`plan_sync` failed: the log directory goes offline (raises)."""
         self._guarded(lambda: _raise(error))
 
-    def begin_flush(self, *, force: bool = False, aborted_counts: dict[int, int] | None = None) -> FlushJob | None:
+    def begin_flush(self, *, force: bool = False, aborted_counts: dict[int, int] | None = None,
+                    light: bool = True) -> FlushJob | None:
         """Plan the background flush (see ``flush_job``); None if nothing is to flush or one is
         already in flight. The caller runs ``job.run()`` (off the loop) then :meth:`finish_flush`.
         ``force`` writes the snapshot even if nothing was appended; ``aborted_counts`` replaces the
-        per-segment aborted-index counts (the cleaner's swap passes ones valid before and after it)."""
+        per-segment aborted-index counts (the cleaner's swap passes ones valid before and after it);
+        ``light`` (the periodic background flush) fsyncs only what recovery needs (``flush_job``)."""
         self._check_online()
         end = self.log_end_offset
         self.last_flush_ms = self.clock.now_ms()
         if self._flush_job is not None or (end == self.recovery_point and not self.epochs.dirty and not force):
             return None
-        job = FlushJob(self.directory, end)
+        job = FlushJob(self.directory, end, light=light)
         for seg in self.segments:
             if seg.needs_flush or seg is self.active:
                 seg.plan_flush(job)
@@ -594,7 +597,6 @@ class PartitionLog:
             aborted = aborted_counts if aborted_counts is not None else \
                 {seg.base_offset: len(seg.txn_index.entries) for seg in self.segments if seg.txn_index.entries}
             job.snapshot = (self.directory / SNAPSHOT_FILE, self.producer_state.snapshot_bytes(end, aborted))
-            job.recovery_point = (self.directory / RECOVERY_POINT_FILE, str(end).encode())
         self._flush_job = job
         return job
 
@@ -609,6 +611,15 @@ class PartitionLog:
             self._guarded(lambda: _raise(error))
         if self.recovery_point < job.end <= self.log_end_offset:
             self.recovery_point = job.end
+        if job.snapshot is not None:
+            self._snapshot_name_durable = not job.light
+
+    def _recovery_point_durable(self) -> None:
+        """Make the last snapshot's name durable (a light flush leaves it to writeback) before the
+        data it makes unnecessary to rescan is deleted (retention, DeleteRecords)."""
+        if not self._snapshot_name_durable:
+            self._guarded(lambda: fileio.fs.fsync_dir(self.directory))
+            self._snapshot_name_durable = True
 
     def wait_for_flush(self, timeout_s: float = 60.0) -> None:
         """Block until the flush job in flight (if any) has run, and finish it: before files it may
@@ -628,7 +639,7 @@ class PartitionLog:
         """Flush now, on the calling thread (close, retention, the cleaner's swap, tests): the
         background flush's job, run inline; see :meth:`begin_flush` for the arguments."""
         self.wait_for_flush()
-        job = self.begin_flush(force=force, aborted_counts=aborted_counts)
+        job = self.begin_flush(force=force, aborted_counts=aborted_counts, light=False)
         if job is None:
             return
         try:
@@ -673,6 +684,7 @@ class PartitionLog:
             self.wait_for_flush()  # a flush in flight may still write the oldest segment's indexes
             if oldest.next_offset > self.recovery_point:
                 self.flush()
+            self._recovery_point_durable()
             self.segments.pop(0)
             oldest.delete()
             deleted += 1
@@ -705,6 +717,8 @@ class PartitionLog:
                 self.wait_for_flush()
             if doomed and self.segments[doomed - 1].next_offset > self.recovery_point:
                 self.flush()
+            if doomed:
+                self._recovery_point_durable()
             for _ in range(doomed):
                 self.segments.pop(0).delete()
             if doomed:
