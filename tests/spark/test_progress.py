@@ -73,18 +73,18 @@ def test_refused_compaction_falls_back_to_retention_off_with_a_warning(caplog: p
     assert "refused cleanup.policy=compact" in caplog.text
 
 
-def test_our_broker_refuses_compaction_and_gets_a_topic_kept_forever(broker: BrokerProcess,
-                                                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_our_broker_creates_the_progress_topic_compacted(broker: BrokerProcess,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
     from confluent_kafka.admin import AdminClient, ConfigResource
 
     bs = broker.bootstrap
     with caplog.at_level(logging.WARNING, logger="oncelog.spark"):
         assert ProgressLog({"bootstrap.servers": bs}, "progress-kept", 2).ensure_topic() == 2
-    assert "refused cleanup.policy=compact" in caplog.text
+    assert "refused cleanup.policy=compact" not in caplog.text  # the broker compacts (log cleaner)
     res = ConfigResource(ConfigResource.Type.TOPIC, "progress-kept")
     admin = AdminClient({"bootstrap.servers": bs})  # must outlive its future
     configs = admin.describe_configs([res])[res].result(timeout=15)
-    assert configs["retention.ms"].value == "-1"
+    assert configs["cleanup.policy"].value == "compact"
     # An existing topic is adopted with its partition count, whatever progress.partitions says.
     assert ProgressLog({"bootstrap.servers": bs}, "progress-kept", 16).ensure_topic() == 2
 
