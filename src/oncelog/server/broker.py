@@ -89,7 +89,7 @@ class Broker:
         self._flush_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-flush")
         # And one for the fsyncs an acknowledgement waits for (flush_every_append): group commit.
         self._sync_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-sync")
-        self._syncing: dict[str, asyncio.Future[None]] = {}
+        self._syncing: dict[str, asyncio.Future[None]] = {}  # one group-commit task per log
         self.produce_quota = QuotaManager(config.quota_producer_default)
         self.fetch_quota = QuotaManager(config.quota_consumer_default)
         self._waiters: dict[TopicPartition, set[asyncio.Future[None]]] = {}
@@ -261,27 +261,32 @@ class Broker:
         covers every append made before it started, so concurrent producers share it. Raises
         StorageOfflineError if the disk refuses (the log directory goes offline, the broker stops).
         """
-        loop = asyncio.get_running_loop()
         while plog.synced_end < offset:
-            running = self._syncing.get(plog.name)
-            if running is not None:
-                with contextlib.suppress(OSError):
-                    await asyncio.shield(running)  # the one who started it handles a failure
-                continue
+            task = self._syncing.get(plog.name)
+            if task is None:
+                task = asyncio.ensure_future(self._sync_once(plog))
+                self._syncing[plog.name] = task
+            # Every waiter resumes only once the sync task has finished, its mark_synced included:
+            # awaiting a bare executor future here let a waiter spin on a done future (``await`` of
+            # a done future does not yield) before the task that started it could record the result.
+            await asyncio.shield(task)
+
+    async def _sync_once(self, plog: Any) -> None:
+        """One group-commit fsync of ``plog`` (everything appended before it was planned)."""
+        try:
             end, fds = plog.plan_sync()
-            fut: asyncio.Future[None] = loop.run_in_executor(self._sync_executor, _fsync_and_close, fds)
-            self._syncing[plog.name] = fut
             try:
-                await fut
+                await asyncio.get_running_loop().run_in_executor(self._sync_executor, _fsync_and_close, fds)
             except OSError as exc:
                 try:
                     plog.sync_failed(exc)
                 except fileio.StorageOfflineError as offline:
                     self.storage_failed(offline)
                     raise
-            finally:
-                self._syncing.pop(plog.name, None)
+                raise
             plog.mark_synced(end)
+        finally:
+            self._syncing.pop(plog.name, None)
 
     def _flush_finished(self, plog: Any, job: Any, _future: Any = None) -> None:
         try:
