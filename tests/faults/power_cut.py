@@ -490,7 +490,7 @@ def run_round(opts: argparse.Namespace, mode: str, round_no: int, workroot: Path
         idle_delay = rng.uniform(0.2, 2.5)
         fsync_targets = {**{f"{t}-{p}": rf"/{t}-{p}/[0-9]+\.log" for t, p in partitions},
                          "txnlog": r"/__transaction_state-[0-9]+/[0-9]+\.log",
-                         "recovery-point": "/recovery-point", "snapshot": "/producer-state",
+                         "snapshot": "/producer-state",  # its offset is the recovery point
                          "txnindex": r"\.txnindex"}
         fsync_target = rng.choice(sorted(fsync_targets))
         fsync_timing = rng.choice(("before", "after"))

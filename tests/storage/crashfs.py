@@ -161,14 +161,20 @@ class CrashFS(fileio.FileSystem):
         super().close(fd)
         self.fds.pop(fd, None)
 
-    def append_durable(self, path: Path, data: bytes) -> None:
+    def dup(self, fd: int) -> int:
+        new = super().dup(fd)
+        self.fds[new] = self.fds[fd]
+        return new
+
+    def append_durable(self, path: Path, data: bytes, *, fsync: bool = True) -> None:
         self._op()
-        super().append_durable(path, data)
+        super().append_durable(path, data, fsync=False)
         inode = self._inode_of(path)
         inode.write(len(inode.content), data)
-        inode.sync()
+        if fsync:
+            inode.sync()
 
-    def write_atomic(self, path: Path, data: bytes) -> None:
+    def write_atomic(self, path: Path, data: bytes, *, durable_name: bool = True) -> None:
         self._op()
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(data)
@@ -180,7 +186,8 @@ class CrashFS(fileio.FileSystem):
         key = self._key(tmp)
         self.names[key] = self._new_inode(data)
         self.replace(tmp, path)
-        self.fsync_dir(path.parent)
+        if durable_name:
+            self.fsync_dir(path.parent)
 
     def replace(self, src: Path, dst: Path) -> None:
         self._op()

@@ -89,7 +89,7 @@ def test_aborted_records_go_markers_stay_until_safe_and_read_committed_is_unchan
     assert view(plog_of(b)) == after
     b.restart(clean=True)
     (tmp_path / "c-0" / "producer-state.snapshot").unlink()
-    (tmp_path / "c-0" / "recovery-point").unlink()
+    (tmp_path / "c-0" / "recovery-point").unlink(missing_ok=True)
     b.restart()
     assert view(plog_of(b)) == after
     assert (plog_of(b).last_stable_offset, plog_of(b).high_watermark) == (lso, hw)
@@ -151,7 +151,7 @@ def test_a_producer_whose_only_batch_was_compacted_away_keeps_its_idempotence(tm
         elif restart == "replay":
             b.restart(clean=True)
             (tmp_path / "c-0" / "producer-state.snapshot").unlink()
-            (tmp_path / "c-0" / "recovery-point").unlink()
+            (tmp_path / "c-0" / "recovery-point").unlink(missing_ok=True)
             b.restart()
         # a retry of the compacted batch is still recognised as a duplicate, at its old offset
         r = b.call(0, 9, {"transactional_id": None, "acks": -1, "timeout": 30_000, "topic_data": [
@@ -199,7 +199,7 @@ def test_expired_producers_batches_go_and_a_fencing_marker_stays(tmp_path: Path)
     assert mine and all(h.is_control for h in mine) and mine[-1].producer_epoch == fenced_epoch + 1
     b.restart(clean=True)
     (tmp_path / "again" / "c-0" / "producer-state.snapshot").unlink()
-    (tmp_path / "again" / "c-0" / "recovery-point").unlink()
+    (tmp_path / "again" / "c-0" / "recovery-point").unlink(missing_ok=True)
     b.restart()
     state = plog_of(b).producer_state
     assert state.producers[fenced].producer_epoch == fenced_epoch + 1 and fenced not in state.ongoing

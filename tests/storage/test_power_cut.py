@@ -28,6 +28,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,6 +76,7 @@ class Workload:
         self.idem_acked: dict[tuple[str, int], list[bytes]] = {}
         self.idem_sent: set[bytes] = set()
         self.n_idem = 0
+        self.flushing: list[tuple[Any, Any]] = []  # background flush jobs planned, not yet run
 
     def step(self) -> None:
         r = self.rng.random()
@@ -82,6 +84,19 @@ class Workload:
             self._txn_step(self.rng.choice(self.producers))
         elif r < 0.75:
             self._idempotent_write()
+        elif r < 0.8:
+            # the broker's background flush: planned now on the loop, run later on the flush thread
+            self.b.clock.advance(self.rng.randint(50, 700))
+            for plog in self.b.broker.logs.due_for_flush(self.b.clock.now_ms()):
+                job = plog.begin_flush()
+                if job is not None:
+                    self.flushing.append((plog, job))
+        elif r < 0.86 and self.flushing:
+            plog, job = self.flushing.pop(self.rng.randrange(len(self.flushing)))
+            try:
+                job.run()
+            finally:
+                plog.finish_flush(job)
         elif r < 0.9:
             self.b.clock.advance(self.rng.randint(50, 700))
             self.b.broker.logs.flush_all(self.b.clock.now_ms())

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -32,6 +33,16 @@ from oncelog.storage.log_manager import LogManager
 log = logging.getLogger("oncelog.server")
 
 TopicPartition = tuple[str, int]
+
+
+def _fsync_and_close(fds: list[int]) -> None:
+    try:
+        for fd in fds:
+            fileio.fs.fsync(fd)
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                fileio.fs.close(fd)
 
 
 LOCK_FILE = ".lock"
@@ -74,6 +85,11 @@ class Broker:
         self.supported_versions = {k: v for k, v in SUPPORTED_VERSIONS.items() if k in HANDLERS}
         self.connections: set[Any] = set()
         self.queued_request_bytes = 0  # request bytes read and not yet handled, all connections
+        # One thread for the log directory's background flushes: fsync off the event loop.
+        self._flush_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-flush")
+        # And one for the fsyncs an acknowledgement waits for (flush_every_append): group commit.
+        self._sync_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-sync")
+        self._syncing: dict[str, asyncio.Future[None]] = {}  # one group-commit task per log
         self.produce_quota = QuotaManager(config.quota_producer_default)
         self.fetch_quota = QuotaManager(config.quota_consumer_default)
         self._waiters: dict[TopicPartition, set[asyncio.Future[None]]] = {}
@@ -180,7 +196,9 @@ class Broker:
 
     def close(self) -> None:
         """Flush and close every log, mark the stop clean, then release the data directory."""
-        self.logs.close()
+        self.logs.close()  # waits for flushes in flight
+        self._flush_executor.shutdown(wait=True)
+        self._sync_executor.shutdown(wait=True)
         if self.logs.dir_state.offline_reason is None:
             fileio.fs.write_atomic(self.config.data_dir / CLEAN_SHUTDOWN_FILE, b"")
         self.release_data_dir()
@@ -241,7 +259,55 @@ class Broker:
         return min(self.config.flush_interval_ms, self.logs.min_flush_interval_ms())
 
     def _flush(self) -> None:
-        self.logs.flush_all(self.clock.now_ms())
+        """Start the background flush of every partition that is due, each on the flush thread
+        (``fsync`` never runs on the event loop for it); each finishes back on the loop."""
+        loop = asyncio.get_running_loop()
+        for plog in self.logs.due_for_flush(self.clock.now_ms()):
+            job = plog.begin_flush()
+            if job is None:
+                continue
+            fut = loop.run_in_executor(self._flush_executor, job.run)
+            fut.add_done_callback(functools.partial(self._flush_finished, plog, job))
+
+    async def durable(self, plog: Any, offset: int) -> None:
+        """Return once ``plog`` is fsynced below ``offset`` (flush_every_append acknowledgements).
+
+        Group commit: the fsync runs on the sync thread, never on the event loop, and one fsync
+        covers every append made before it started, so concurrent producers share it. Raises
+        StorageOfflineError if the disk refuses (the log directory goes offline, the broker stops).
+        """
+        while plog.synced_end < offset:
+            task = self._syncing.get(plog.name)
+            if task is None:
+                task = asyncio.ensure_future(self._sync_once(plog))
+                self._syncing[plog.name] = task
+            # Every waiter resumes only once the sync task has finished, its mark_synced included:
+            # awaiting a bare executor future here let a waiter spin on a done future (``await`` of
+            # a done future does not yield) before the task that started it could record the result.
+            await asyncio.shield(task)
+
+    async def _sync_once(self, plog: Any) -> None:
+        """One group-commit fsync of ``plog`` (everything appended before it was planned)."""
+        try:
+            end, fds = plog.plan_sync()
+            try:
+                await asyncio.get_running_loop().run_in_executor(self._sync_executor, _fsync_and_close, fds)
+            except OSError as exc:
+                try:
+                    plog.sync_failed(exc)
+                except fileio.StorageOfflineError as offline:
+                    self.storage_failed(offline)
+                    raise
+                raise
+            plog.mark_synced(end)
+        finally:
+            self._syncing.pop(plog.name, None)
+
+    def _flush_finished(self, plog: Any, job: Any, _future: Any = None) -> None:
+        try:
+            plog.finish_flush(job)
+        except fileio.StorageOfflineError as exc:
+            self.storage_failed(exc)
 
     def _expire_producers(self) -> None:
         self.logs.remove_expired_producers(self.clock.now_ms(), self.config.producer_id_expiration_ms)

@@ -47,18 +47,30 @@ class FileSystem:
     def close(self, fd: int) -> None:
         os.close(fd)
 
+    def dup(self, fd: int) -> int:
+        """A second descriptor of the same open file (a flush thread keeps the file open with it
+        even if the loop closes its own, e.g. when retention deletes the segment meanwhile)."""
+        return os.dup(fd)
+
     # --- whole files -------------------------------------------------------------------------------
-    def append_durable(self, path: Path, data: bytes) -> None:
-        """Append ``data`` to ``path`` (created if missing) and fsync the file."""
+    def append_durable(self, path: Path, data: bytes, *, fsync: bool = True) -> None:
+        """Append ``data`` to ``path`` (created if missing) and fsync the file (unless ``fsync`` is
+        False: then the bytes reach the disk when the kernel writes them back, or at a later fsync
+        of the same file)."""
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             self._write_all(fd, data)
-            self.fsync(fd)
+            if fsync:
+                self.fsync(fd)
         finally:
             os.close(fd)
 
-    def write_atomic(self, path: Path, data: bytes) -> None:
-        """Replace ``path`` with ``data``: the old or the new content survives a crash, never a mix."""
+    def write_atomic(self, path: Path, data: bytes, *, durable_name: bool = True) -> None:
+        """Replace ``path`` with ``data``: the old or the new content survives a crash, never a mix.
+
+        With ``durable_name`` the rename itself is made durable (fsync of the directory): after it
+        returns, the new content survives. Without it, a crash may leave the old content; callers
+        use that only where either version is valid (a newer checkpoint that may be lost)."""
         tmp = path.with_name(path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -67,7 +79,8 @@ class FileSystem:
         finally:
             os.close(fd)
         self.replace(tmp, path)
-        self.fsync_dir(path.parent)
+        if durable_name:
+            self.fsync_dir(path.parent)
 
     def _write_all(self, fd: int, data: bytes) -> None:
         view = memoryview(data)

@@ -53,9 +53,13 @@ class LeaderEpochCache:
         self.dirty = False
 
     def write(self) -> None:
+        fileio.fs.write_atomic(*self.take_file())
+
+    def take_file(self) -> tuple[Path, bytes]:
+        """(path, content) of the checkpoint file now; it counts as written from now on."""
         body = "\n".join(f"{e} {s}" for e, s in zip(self.epochs, self.starts, strict=True))
-        fileio.fs.write_atomic(self.path, f"0\n{len(self.epochs)}\n{body}\n".encode())
         self.dirty = False
+        return self.path, f"0\n{len(self.epochs)}\n{body}\n".encode()
 
     # --- changes -----------------------------------------------------------------------------------
     def assign(self, epoch: int, start_offset: int) -> None:

@@ -281,6 +281,10 @@ class LogManager:
                    default=self.default_config.flush_interval_ms)
 
     # --- maintenance -----------------------------------------------------------------------------
+    def due_for_flush(self, now_ms: int) -> list[PartitionLog]:
+        """Partitions whose background flush is due (none in flight, flush.ms passed, unflushed data)."""
+        return [plog for plog in self._partitions.values() if plog.needs_flush(now_ms)]
+
     def flush_all(self, now_ms: int, force: bool = False) -> None:
         """The background flush. Its order does not matter for transactions: the transaction
         protocol makes each step durable itself (see server.coordination); here every partition's

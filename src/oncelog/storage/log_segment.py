@@ -13,11 +13,15 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from oncelog.protocol import records as rb
 from oncelog.storage import fileio
 from oncelog.storage.offset_index import OffsetIndex, TimeIndex
 from oncelog.storage.transaction_index import TransactionIndex
+
+if TYPE_CHECKING:
+    from oncelog.storage.flush_job import FlushJob
 
 log = logging.getLogger("oncelog.storage")
 
@@ -71,6 +75,27 @@ class LogSegment:
     @property
     def needs_flush(self) -> bool:
         return self.dirty or self.txn_index.dirty
+
+    def sync_data(self) -> None:
+        """fsync the data only (the indexes are rebuilt above the recovery point on recovery)."""
+        try:
+            fileio.fs.fsync(self.fd)
+        except OSError as exc:
+            raise fileio.StorageOfflineError(f"fsync of {self.path} failed: {exc}") from exc
+
+    def plan_flush(self, job: FlushJob) -> None:
+        """Add this segment's part of a flush to ``job`` (on the loop thread): a descriptor of the
+        data file to fsync and the index entries not yet written; the job runs them elsewhere."""
+        index_files = (self.offset_index.path, self.time_index.path, self.txn_index.path)
+        if self.dirty:
+            job.fds.append(fileio.fs.dup(self.fd))
+            self.dirty = False
+        pendings = (self.offset_index.take_pending(), self.time_index.take_pending(), self.txn_index.take_pending())
+        for path, pending, hint in zip(index_files, pendings, (True, True, False), strict=True):
+            if pending:
+                job.index_appends.append((path, pending, not (hint and job.light)))
+                if not path.exists():
+                    job.new_names = True
 
     def flush(self) -> None:
         """fsync the data, then the indexes (the txn index included) that describe it.

@@ -68,11 +68,17 @@ class OffsetIndex:
             self._rewrite()
 
     def flush(self) -> None:
-        if self._persisted == len(self.positions):
-            return
-        fileio.fs.append_durable(self.path, b"".join(_OFFSET_ENTRY.pack(self.relative_offsets[i], self.positions[i])
-                                                     for i in range(self._persisted, len(self.positions))))
+        pending = self.take_pending()
+        if pending:
+            fileio.fs.append_durable(self.path, pending)
+
+    def take_pending(self) -> bytes:
+        """The entries not yet in the file, encoded; from now on they count as written (the caller
+        appends them, or the log directory goes offline)."""
+        data = b"".join(_OFFSET_ENTRY.pack(self.relative_offsets[i], self.positions[i])
+                        for i in range(self._persisted, len(self.positions)))
         self._persisted = len(self.positions)
+        return data
 
     def _rewrite(self) -> None:
         data = b"".join(_OFFSET_ENTRY.pack(r, p) for r, p in zip(self.relative_offsets[: self._persisted],
@@ -124,11 +130,16 @@ class TimeIndex:
             self._rewrite()
 
     def flush(self) -> None:
-        if self._persisted == len(self.timestamps):
-            return
-        fileio.fs.append_durable(self.path, b"".join(_TIME_ENTRY.pack(self.timestamps[i], self.relative_offsets[i])
-                                                     for i in range(self._persisted, len(self.timestamps))))
+        pending = self.take_pending()
+        if pending:
+            fileio.fs.append_durable(self.path, pending)
+
+    def take_pending(self) -> bytes:
+        """As :meth:`OffsetIndex.take_pending`."""
+        data = b"".join(_TIME_ENTRY.pack(self.timestamps[i], self.relative_offsets[i])
+                        for i in range(self._persisted, len(self.timestamps)))
         self._persisted = len(self.timestamps)
+        return data
 
     def _rewrite(self) -> None:
         data = b"".join(_TIME_ENTRY.pack(t, r) for t, r in zip(self.timestamps[: self._persisted],

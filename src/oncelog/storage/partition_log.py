@@ -32,13 +32,13 @@ from oncelog.protocol import records as rb
 from oncelog.storage import fileio, record_codec, segment_swap
 from oncelog.storage.config import INT64_MAX, LogConfig
 from oncelog.storage.errors import InvalidTimestampError, KeylessRecordError, OffsetOutOfRangeError, RecordTooLargeError
+from oncelog.storage.flush_job import FlushJob
 from oncelog.storage.leader_epoch_cache import LeaderEpochCache
 from oncelog.storage.log_segment import LogSegment
 from oncelog.storage.producer_state import (
     AppendOrigin,
     ProducerStateEntry,
     ProducerStateManager,
-    write_snapshot,
 )
 from oncelog.storage.transaction_index import AbortedTxn
 
@@ -70,6 +70,10 @@ def _write_int_file(path: Path, value: int) -> None:
     fileio.fs.write_atomic(path, str(value).encode())
 
 
+def _raise(error: BaseException) -> None:
+    raise error
+
+
 def _read_int_file(path: Path) -> int | None:
     raw = fileio.read_file(path)
     try:
@@ -96,6 +100,9 @@ class PartitionLog:
         self.config = config
         self.clock = clock
         self.dir_state = dir_state or LogDirState()
+        self._flush_job: FlushJob | None = None
+        self._synced_end = 0  # log end offset at the last sync()
+        self._snapshot_name_durable = True
         fileio.fs.mkdir(directory)
         self.segments: list[LogSegment] = []
         self.producer_state = ProducerStateManager()
@@ -265,8 +272,13 @@ class PartitionLog:
         return self.epochs.end_offset_for(epoch, self.log_end_offset)
 
     # --- appends ---------------------------------------------------------------------------------
-    def append(self, records: bytes | bytearray, *, origin: AppendOrigin = AppendOrigin.CLIENT) -> AppendResult:
-        """Validate and append whole batches; offsets are assigned here. See the module docstring."""
+    def append(self, records: bytes | bytearray, *, origin: AppendOrigin = AppendOrigin.CLIENT,
+               defer_sync: bool = False) -> AppendResult:
+        """Validate and append whole batches; offsets are assigned here. See the module docstring.
+
+        With ``flush_every_append`` (or ``flush.messages`` reached) the data is fsynced before this
+        returns, unless ``defer_sync``: then the caller must not acknowledge before
+        :attr:`synced_end` passes the result's last offset (the server's group commit does that)."""
         self._check_online()
         batches = rb.split_batches(records, from_client=origin is AppendOrigin.CLIENT)
         max_bytes = self.config.max_message_bytes
@@ -327,9 +339,8 @@ class PartitionLog:
                 if done.is_aborted:
                     seg.txn_index.append(AbortedTxn(done.producer_id, done.first_offset, done.last_offset,
                                                     lso_before))
-        if self.config.flush_every_append or \
-                self.log_end_offset - self.recovery_point >= self.config.flush_messages:
-            self.flush()
+        if self.must_sync and not defer_sync:
+            self.sync()  # durable before the acknowledgement; the recovery point follows in the background
         return AppendResult(base_offsets[0], offset - 1, now if log_append_time else -1, self.log_start_offset)
 
     def _validate_client_batches(self, records: bytes | bytearray, batches: list[tuple[int, rb.BatchHeader]],
@@ -396,6 +407,7 @@ class PartitionLog:
         """Start a new active segment at the log end offset (flushing the old one); the new file's
         name is durable before anything is appended to it."""
         now = self.clock.now_ms() if now_ms is None else now_ms
+        self.wait_for_flush()  # a flush in flight may be appending to the old segment's index files
         self._guarded(self.active.flush)
         self.segments.append(LogSegment(self.directory, self.log_end_offset, now, self.config.index_interval_bytes))
         self._roll_jitter_ms = self._jitter_for(self.log_end_offset)
@@ -521,44 +533,118 @@ class PartitionLog:
     # --- durability ------------------------------------------------------------------------------
     def needs_flush(self, now_ms: int) -> bool:
         due = now_ms - self.last_flush_ms >= self.config.flush_interval_ms
-        return due and self.recovery_point < self.log_end_offset
+        return due and self._flush_job is None and (self.recovery_point < self.log_end_offset or self.epochs.dirty)
 
     def sync(self) -> None:
-        """fsync every unflushed segment and its indexes, without moving the recovery point.
+        """fsync the data of every segment written since the last flush, without moving the
+        recovery point (the indexes above it are rebuilt by recovery, so they need no fsync here).
 
-        The transaction protocol calls this to make a transaction's data (and then its markers)
-        durable before the transaction log records the next step; the recovery point and producer
-        state snapshot follow at the next :meth:`flush`, and recovery rescans from the old one.
+        Acknowledging an append with ``flush_every_append`` and each step of the transaction
+        protocol call this; the recovery point and producer state snapshot follow at the next
+        background flush, and recovery rescans from the old one. Safe while a flush job runs: it
+        only fsyncs (another descriptor of) the same files.
         """
         self._check_online()
         for seg in self.segments:
-            if seg.needs_flush or seg is self.active:
-                self._guarded(seg.flush)
+            if seg.dirty or seg is self.active:
+                self._guarded(seg.sync_data)
+        self._synced_end = self.log_end_offset
 
-    def flush(self, *, force: bool = False, aborted_counts: dict[int, int] | None = None) -> None:
-        """fsync data and indexes, then record the recovery point and the producer state at it.
+    @property
+    def must_sync(self) -> bool:
+        """Appends must be fsynced before they are acknowledged (flush_every_append, flush.messages)."""
+        return self.config.flush_every_append or \
+            self.log_end_offset - max(self.recovery_point, self._synced_end) >= self.config.flush_messages
 
-        Order (each step durable before the next starts): segment data, its offset/time/txn
-        indexes, the producer state snapshot at ``end`` (with each segment's number of aborted-
-        transaction entries, so a lost or short index is detected on load), then the recovery point.
+    @property
+    def synced_end(self) -> int:
+        """Every offset below this is on disk (fsynced)."""
+        return max(self.recovery_point, self._synced_end)
+
+    def plan_sync(self) -> tuple[int, list[int]]:
+        """For an fsync off the loop thread: (the log end now, descriptors to fsync, which the
+        caller closes); then :meth:`mark_synced` with that end once the fsyncs returned."""
+        self._check_online()
+        return self.log_end_offset, [fileio.fs.dup(seg.fd) for seg in self.segments if seg.dirty or seg is self.active]
+
+    def mark_synced(self, end: int) -> None:
+        self._synced_end = max(self._synced_end, end)
+
+    def sync_failed(self, error: OSError) -> None:
+        """An fsync planned by :meth:`plan_sync` failed: the log directory goes offline (raises)."""
+        self._guarded(lambda: _raise(error))
+
+    def begin_flush(self, *, force: bool = False, aborted_counts: dict[int, int] | None = None,
+                    light: bool = True) -> FlushJob | None:
+        """Plan the background flush (see ``flush_job``); None if nothing is to flush or one is
+        already in flight. The caller runs ``job.run()`` (off the loop) then :meth:`finish_flush`.
         ``force`` writes the snapshot even if nothing was appended; ``aborted_counts`` replaces the
-        counts (the cleaner's swap passes ones that hold before and after it).
-        """
+        per-segment aborted-index counts (the cleaner's swap passes ones valid before and after it);
+        ``light`` (the periodic background flush) fsyncs only what recovery needs (``flush_job``)."""
+        self._check_online()
         end = self.log_end_offset
         self.last_flush_ms = self.clock.now_ms()
-        if end == self.recovery_point and not force:
-            if self.epochs.dirty:  # moved by retention or DeleteRecords
-                self._guarded(self.epochs.write)
+        if self._flush_job is not None or (end == self.recovery_point and not self.epochs.dirty and not force):
+            return None
+        job = FlushJob(self.directory, end, light=light)
+        for seg in self.segments:
+            if seg.needs_flush or seg is self.active:
+                seg.plan_flush(job)
+        if self.epochs.dirty:
+            job.epochs = self.epochs.take_file()
+        if end != self.recovery_point or force:
+            aborted = aborted_counts if aborted_counts is not None else \
+                {seg.base_offset: len(seg.txn_index.entries) for seg in self.segments if seg.txn_index.entries}
+            job.snapshot = (self.directory / SNAPSHOT_FILE, self.producer_state.snapshot_bytes(end, aborted))
+        self._flush_job = job
+        return job
+
+    def finish_flush(self, job: FlushJob) -> None:
+        """On the loop thread, after ``job.run()`` returned or raised (``job.error``): the recovery
+        point moves to the job's end only now. A second call for the same job does nothing."""
+        if job is not self._flush_job:
             return
-        self.sync()
-        if self.epochs.dirty:  # after the data it points into is durable
-            self._guarded(self.epochs.write)
-        aborted = aborted_counts if aborted_counts is not None else \
-            {seg.base_offset: len(seg.txn_index.entries) for seg in self.segments if seg.txn_index.entries}
-        self._guarded(lambda: write_snapshot(self.directory / SNAPSHOT_FILE,
-                                             self.producer_state.snapshot_bytes(end, aborted)))
-        self._guarded(lambda: _write_int_file(self.directory / RECOVERY_POINT_FILE, end))
-        self.recovery_point = end
+        self._flush_job = None
+        if job.error is not None:
+            error = job.error
+            self._guarded(lambda: _raise(error))
+        if self.recovery_point < job.end <= self.log_end_offset:
+            self.recovery_point = job.end
+        if job.snapshot is not None:
+            self._snapshot_name_durable = not job.light
+
+    def _recovery_point_durable(self) -> None:
+        """Make the last snapshot's name durable (a light flush leaves it to writeback) before the
+        data it makes unnecessary to rescan is deleted (retention, DeleteRecords)."""
+        if not self._snapshot_name_durable:
+            self._guarded(lambda: fileio.fs.fsync_dir(self.directory))
+            self._snapshot_name_durable = True
+
+    def wait_for_flush(self, timeout_s: float = 60.0) -> None:
+        """Block until the flush job in flight (if any) has run, and finish it: before files it may
+        touch change (segments deleted, the partition deleted or closed)."""
+        job = self._flush_job
+        if job is None:
+            return
+        try:
+            job.run()  # if the flush thread has not started it yet, do it here rather than wait
+        except OSError:
+            pass  # recorded in job.error; finish_flush raises it
+        if not job.done.wait(timeout_s):
+            raise fileio.StorageOfflineError(f"{self.name}: a background flush did not finish in {timeout_s} s")
+        self.finish_flush(job)
+
+    def flush(self, *, force: bool = False, aborted_counts: dict[int, int] | None = None) -> None:
+        """Flush now, on the calling thread (close, retention, the cleaner's swap, tests): the
+        background flush's job, run inline; see :meth:`begin_flush` for the arguments."""
+        self.wait_for_flush()
+        job = self.begin_flush(force=force, aborted_counts=aborted_counts, light=False)
+        if job is None:
+            return
+        try:
+            job.run()
+        finally:
+            self.finish_flush(job)
 
     def _check_online(self) -> None:
         if self.dir_state.offline_reason is not None:
@@ -594,8 +680,10 @@ class PartitionLog:
             too_big = cfg.retention_bytes >= 0 and self.size_in_bytes - oldest.size >= cfg.retention_bytes
             if not (too_old or too_big):
                 break
+            self.wait_for_flush()  # a flush in flight may still write the oldest segment's indexes
             if oldest.next_offset > self.recovery_point:
                 self.flush()
+            self._recovery_point_durable()
             self.segments.pop(0)
             oldest.delete()
             deleted += 1
@@ -624,8 +712,12 @@ class PartitionLog:
             doomed = 0
             while doomed + 1 < len(self.segments) and self.segments[doomed + 1].base_offset <= before_offset:
                 doomed += 1
+            if doomed:
+                self.wait_for_flush()
             if doomed and self.segments[doomed - 1].next_offset > self.recovery_point:
                 self.flush()
+            if doomed:
+                self._recovery_point_durable()
             for _ in range(doomed):
                 self.segments.pop(0).delete()
             if doomed:
@@ -689,6 +781,10 @@ class PartitionLog:
                 seg.abandon()  # nothing more may be written to a failed directory
 
     def delete(self) -> None:
+        try:
+            self.wait_for_flush()
+        except fileio.StorageOfflineError:
+            pass  # the partition is going away; what the flush failed to write does not matter
         for seg in self.segments:
             seg.abandon()
         fileio.fs.rmtree(self.directory)

@@ -72,10 +72,16 @@ class TransactionIndex:
 
     def flush(self) -> None:
         """Append the entries not yet on disk and fsync the file."""
-        if not self.dirty:
-            return
-        fileio.fs.append_durable(self.path, b"".join(_pack(e) for e in self.entries[self._persisted:]))
+        pending = self.take_pending()
+        if pending:
+            fileio.fs.append_durable(self.path, pending)
+
+    def take_pending(self) -> bytes:
+        """The entries not yet in the file, encoded; from now on they count as written (the caller
+        appends them, or the log directory goes offline)."""
+        data = b"".join(_pack(e) for e in self.entries[self._persisted:])
         self._persisted = len(self.entries)
+        return data
 
     def truncate_to_offset(self, offset: int) -> None:
         i = bisect.bisect_left([e.last_offset for e in self.entries], offset)

@@ -8,6 +8,7 @@ partition does not fail the others. acks=0 gets no response at all, as in Kafka.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol import records
@@ -30,7 +31,10 @@ def _error(index: int, code: ErrorCode, message: str | None = None) -> dict[str,
 
 
 def produce_partition(broker: Broker, req: Request, topic: str, partition: int, data: bytes | None,
-                      transactional_id: str | None) -> dict[str, Any]:
+                      transactional_id: str | None,
+                      durability: list[tuple[Any, int]] | None = None) -> dict[str, Any]:
+    """One partition's append; with ``durability`` given, an append that must be fsynced before it
+    is acknowledged (flush_every_append) adds (partition log, offset) there instead of fsyncing."""
     if not allowed(broker, req, Op.WRITE, R.TOPIC, topic):
         return _error(partition, ErrorCode.topic_authorization_failed)
     info, err = ensure_topic(broker, topic, auto_create=create_topic_allowed(broker, req, topic))
@@ -71,7 +75,7 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
                       f"The size of the current ISR (1) is insufficient to satisfy the min.isr requirement of "
                       f"{plog.config.min_insync_replicas} for partition {topic}-{partition}")
     try:
-        result = plog.append(data)
+        result = plog.append(data, defer_sync=durability is not None)
     except records.InvalidRecordError as exc:
         log.warning("rejecting invalid batch for %s-%d: %s", topic, partition, exc)
         return _error(partition, ErrorCode(exc.error_code), str(exc))
@@ -87,6 +91,8 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
     except StorageOfflineError as exc:
         broker.storage_failed(exc)
         return _error(partition, ErrorCode.kafka_storage_error, str(exc))
+    if durability is not None and plog.must_sync:
+        durability.append((plog, result.last_offset + 1))
     if not result.duplicate:
         broker.notify_append((topic, partition))
     return {"index": partition, "error_code": ErrorCode.none, "base_offset": result.base_offset,
@@ -94,8 +100,11 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
             "error_message": None}
 
 
-def handle_produce(broker: Broker, req: Request) -> dict[str, Any] | None:
+def handle_produce(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any] | None] | None:
+    """Appends happen now, atomically; when some must be fsynced first (flush_every_append) the
+    response waits for the broker's group commit, off the event loop (an awaitable is returned)."""
     body = req.body
+    durability: list[tuple[Any, int]] = []
     transactional_id = getattr(body, "transactional_id", None)
     responses = []
     valid_acks = body.acks in (-1, 0, 1)
@@ -106,7 +115,8 @@ def handle_produce(broker: Broker, req: Request) -> dict[str, Any] | None:
             parts = [_error(pd.index, ErrorCode.transactional_id_authorization_failed)
                      for pd in topic_data.partition_data]
         elif valid_acks:
-            parts = [produce_partition(broker, req, topic_data.name, pd.index, pd.records, transactional_id)
+            parts = [produce_partition(broker, req, topic_data.name, pd.index, pd.records, transactional_id,
+                                       durability)
                      for pd in topic_data.partition_data]
         else:
             parts = [_error(pd.index, ErrorCode.invalid_required_acks, f"acks must be -1, 0 or 1, not {body.acks}")
@@ -114,6 +124,14 @@ def handle_produce(broker: Broker, req: Request) -> dict[str, Any] | None:
         responses.append({"name": topic_data.name, "partition_responses": parts})
     nbytes = sum(len(pd.records or b"") for t in body.topic_data for pd in t.partition_data)
     throttle = broker.throttle(req, broker.produce_quota, nbytes)
-    if body.acks == 0:
-        return None
-    return {"responses": responses, "throttle_time": throttle}
+    response = None if body.acks == 0 else {"responses": responses, "throttle_time": throttle}
+    if not durability:
+        return response
+    return _after_durable(broker, durability, response)
+
+
+async def _after_durable(broker: Broker, durability: list[tuple[Any, int]],
+                         response: dict[str, Any] | None) -> dict[str, Any] | None:
+    for plog, offset in durability:
+        await broker.durable(plog, offset)
+    return response

@@ -1,0 +1,163 @@
+"""The group commit of ``flush_every_append`` (``Broker.durable``) under many concurrent producers.
+
+Invariants: every caller returns once the log is synced below its offset; one fsync serves every
+append planned before it; a caller that arrives while a finished fsync has not yet been recorded
+neither spins (``await`` of a done future does not yield, so a loop on it starves the very task
+that would record it: the broker then burns a core, answers nothing and ignores SIGTERM) nor
+returns early; an fsync failure reaches every waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from oncelog.server.broker import Broker
+from oncelog.storage import fileio
+
+
+class FakeLog:
+    """The slice of PartitionLog that the group commit uses."""
+
+    name = "t-0"
+
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.log_end = 0
+        self.synced_end = 0
+        self.fsyncs = 0
+        self.fail_after = fail_after
+
+    def plan_sync(self) -> tuple[int, list[int]]:
+        return self.log_end, []
+
+    def mark_synced(self, end: int) -> None:
+        assert end >= self.synced_end
+        self.synced_end = end
+
+    def sync_failed(self, error: OSError) -> None:
+        raise fileio.StorageOfflineError(f"t-0 offline: {error}")
+
+
+class GroupCommit:
+    """Broker's group-commit methods on a stand-in (no sockets, no log dir)."""
+
+    durable = Broker.durable
+    _sync_once = Broker._sync_once
+
+    def __init__(self, rng: random.Random, log: FakeLog) -> None:
+        self._syncing: dict[str, Any] = {}
+        self.rng = rng
+        self.log = log
+        self.failed: list[BaseException] = []
+        self._sync_executor = ThreadPoolExecutor(1)
+
+    def storage_failed(self, exc: BaseException) -> None:
+        self.failed.append(exc)
+
+
+def run_in_thread(coro_fn: Any, timeout_s: float) -> Any:
+    """Run ``coro_fn()`` on a fresh event loop in a thread: a loop that spins cannot be
+    interrupted from inside, so the test gives up on the thread instead."""
+    out: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            out["value"] = asyncio.run(coro_fn())
+        except BaseException as exc:  # noqa: BLE001 (handed to the test)
+            out["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert not t.is_alive(), f"the group commit did not finish within {timeout_s}s (spinning or stuck)"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_many_producers_all_return_synced_and_share_fsyncs(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(seed)
+    log = FakeLog()
+    gc = GroupCommit(rng, log)
+
+    def slow_fsync(fds: list[int]) -> None:  # what the sync thread does, with a jittered duration
+        log.fsyncs += 1
+        time.sleep(rng.random() * 0.002)
+
+    monkeypatch.setattr("oncelog.server.broker._fsync_and_close", slow_fsync)
+    acked: list[tuple[int, int]] = []
+
+    async def producer(i: int) -> None:
+        for _ in range(40):
+            log.log_end += 1
+            offset = log.log_end
+            await gc.durable(log, offset)
+            acked.append((offset, log.synced_end))
+            if rng.random() < 0.5:
+                await asyncio.sleep(0)
+
+    async def main() -> None:
+        await asyncio.gather(*(producer(i) for i in range(30)))
+
+    run_in_thread(main, 30)
+    assert len(acked) == 30 * 40
+    assert all(synced >= offset for offset, synced in acked), "acknowledged before its fsync"
+    assert log.fsyncs < len(acked) / 2, f"{log.fsyncs} fsyncs for {len(acked)} appends: not shared"
+
+
+def test_a_caller_arriving_after_the_fsync_returned_but_before_it_was_recorded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window of the spin: the sync thread has finished, its result not yet seen by the loop."""
+    log = FakeLog()
+    gc = GroupCommit(random.Random(0), log)
+    go, finished = threading.Event(), threading.Event()
+
+    def fsync(fds: list[int]) -> None:
+        assert go.wait(5)
+        log.fsyncs += 1
+        finished.set()
+
+    monkeypatch.setattr("oncelog.server.broker._fsync_and_close", fsync)
+
+    async def main() -> None:
+        log.log_end = 1
+        first = asyncio.ensure_future(gc.durable(log, 1))
+        for _ in range(5):
+            await asyncio.sleep(0)  # the first caller plans and submits its fsync
+        go.set()
+        # Block the loop (no callbacks run) until the sync thread is done: its completion is then
+        # queued, and the second caller's first step is queued behind it, before the first
+        # caller's wake-up (which the completion schedules).
+        assert finished.wait(5)
+        time.sleep(0.05)
+        second = asyncio.ensure_future(gc.durable(log, 1))
+        await asyncio.gather(first, second)
+
+    run_in_thread(main, 10)
+    assert log.synced_end == 1
+
+
+def test_an_fsync_failure_reaches_every_waiter(monkeypatch: pytest.MonkeyPatch) -> None:
+    log = FakeLog()
+    gc = GroupCommit(random.Random(0), log)
+
+    def failing(fds: list[int]) -> None:
+        time.sleep(0.01)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr("oncelog.server.broker._fsync_and_close", failing)
+
+    async def main() -> list[Any]:
+        log.log_end = 3
+        return await asyncio.gather(*(gc.durable(log, i) for i in (1, 2, 3)), return_exceptions=True)
+
+    results = run_in_thread(main, 10)
+    assert all(isinstance(r, fileio.StorageOfflineError) for r in results), results
+    assert len(gc.failed) == 1 and log.synced_end == 0
