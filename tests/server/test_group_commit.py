@@ -69,7 +69,7 @@ def run_in_thread(coro_fn: Any, timeout_s: float) -> Any:
     def target() -> None:
         try:
             out["value"] = asyncio.run(coro_fn())
-        except BaseException as exc:  # noqa: BLE001 (handed to the test)
+        except BaseException as exc:  # handed to the test
             out["error"] = exc
 
     t = threading.Thread(target=target, daemon=True)
