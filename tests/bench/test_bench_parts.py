@@ -91,7 +91,9 @@ def fake_doc() -> dict[str, Any]:
                                         "points": [point(3, 40_000, 20_000), point(1000, 10_000, 18_000)]}},
             "pipeline": {"records": 1000, "size": 100, "points": [
                 {"max_offsets": 100, "at_most_once": {"records_per_s": 900}, "at_least_once": {"records_per_s": 1000},
-                 "exactly_once": {"records_per_s": 800}, "ratio_eo_vs_alo": 0.8},
+                 "exactly_once": {"records_per_s": 800}, "copier": {"records_per_s": 640}, "ratio_eo_vs_alo": 0.8,
+                 "ratio_eo_vs_copier": 1.25, "ratio_amo_vs_alo": 0.9,
+                 "latency": {"exactly_once": {"p50_ms": 312.4, "p99_ms": 987.6}}},
                 {"max_offsets": 1000, "error": "spark failed"}]}}
 
 
@@ -113,11 +115,13 @@ def test_the_report_is_written_from_the_json_alone(tmp_path: Path) -> None:
     print_tables(doc, console)
     text = console.export_text()
     assert "2.00x" in text and "client process 0: boom" in text and "spark failed" in text
+    # the pipeline's three targets and its end-to-end latency, beside the copier anchor
+    assert "1.250" in text and "0.900" in text and "312/988" in text and "640" in text
     path = write_all(doc, tmp_path)
     assert json.loads((tmp_path / "bench.json").read_text())["rows"]["produce"]["peak_records_per_s"] == 20_000
     page = path.read_text()
     assert page.count("<img ") == len(make_charts(doc)) == len(list(tmp_path.glob("*.png")))
-    assert "client process 0: boom" in page and "spark failed" in page
+    assert "client process 0: boom" in page and "spark failed" in page and "312/988" in page
     assert (tmp_path / "pipeline.png").exists() and (tmp_path / "curve-scale-target-p99.png").exists()
 
 

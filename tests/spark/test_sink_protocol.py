@@ -12,14 +12,16 @@ from collections import Counter
 import pytest
 
 from oncelog.demo.faults import read_topic
+from oncelog.spark.clients import config_key
 from oncelog.spark.guarantees import Guarantee
-from oncelog.spark.sink import SinkHooks, SinkSettings, TaskIdentity, write_partition
+from oncelog.spark.sink import TXN_PRODUCERS, SinkHooks, SinkSettings, TaskIdentity, write_partition
 from oncelog.testing.broker_process import BrokerProcess, create_topic
 
 
-def _settings(bootstrap: str, guarantee: Guarantee) -> SinkSettings:
+def _settings(bootstrap: str, guarantee: Guarantee, reuse: bool = False) -> SinkSettings:
     s = SinkSettings(client={"bootstrap.servers": bootstrap}, guarantee=guarantee, topic="out",
-                     progress_topic="progress", progress_partitions=4, timeout_s=30)
+                     progress_topic="progress", progress_partitions=4, timeout_s=30,
+                     reuse_transactional_producers=reuse)
     s.progress().ensure_topic()
     return s
 
@@ -52,10 +54,17 @@ def test_replayed_batch_is_skipped_or_repeated_per_guarantee(broker: BrokerProce
     assert sum(1 for v in counts if v.startswith(b"b1")) == 5
 
 
-def test_zombie_attempt_is_fenced_and_output_appears_once(broker: BrokerProcess) -> None:
+@pytest.mark.parametrize("pooled_zombie", [False, True], ids=["new-producer", "pooled-producer"])
+def test_zombie_attempt_is_fenced_and_output_appears_once(broker: BrokerProcess, pooled_zombie: bool) -> None:
+    """The zombie stalls with its transaction open; the retry fences it. With ``pooled_zombie`` the
+    zombie runs on a producer an earlier batch left in the worker's pool (no init_transactions, no
+    progress read): it is fenced all the same, and fails instead of starting over."""
     create_topic(broker.bootstrap, "out", 1)
-    s = _settings(broker.bootstrap, Guarantee.exactly_once)
+    s = _settings(broker.bootstrap, Guarantee.exactly_once, reuse=pooled_zombie)
     ident = TaskIdentity("q2", 7, 1)
+    if pooled_zombie:
+        assert not write_partition(_records("z6", 4), TaskIdentity("q2", 6, 1), s).skipped
+        assert len(TXN_PRODUCERS.idle(config_key(s.client, s.transactional_id(ident)))) == 1
     outcome: dict[str, object] = {}
 
     def zombie() -> None:
@@ -73,8 +82,54 @@ def test_zombie_attempt_is_fenced_and_output_appears_once(broker: BrokerProcess)
     t.join(30)
     assert not retry.skipped and retry.rows == 30
     assert isinstance(outcome["zombie"], Exception), "the old attempt must not commit after being fenced"
-    counts = Counter(v for _k, v in read_topic(broker.bootstrap, "out"))
+    counts = Counter(v for _k, v in read_topic(broker.bootstrap, "out") if v.startswith(b"z-"))
     assert len(counts) == 30 and set(counts.values()) == {1}
+
+
+@pytest.mark.parametrize("guarantee", [Guarantee.exactly_once, Guarantee.at_most_once])
+def test_a_pooled_producer_is_reused_and_discarded_once_fenced(broker: BrokerProcess, guarantee: Guarantee) -> None:
+    """Batches of one sink partition in one Python worker share a transactional producer (no
+    init_transactions, no progress read). When an attempt elsewhere (another worker: here the
+    pooled producer is hidden from it) takes the transactional id over and commits a batch, the
+    idle pooled producer is fenced: the next task that picks it up finds that out before producing
+    anything, discards it, and goes on with a new producer, which reads the progress and skips the
+    batch the other attempt committed."""
+    bs = broker.bootstrap
+    create_topic(bs, "out", 1)
+    s = _settings(bs, guarantee, reuse=True)
+    key = config_key(s.client, s.transactional_id(TaskIdentity("q-reuse", 0, 0)))
+    first = write_partition(_records("b0", 10), TaskIdentity("q-reuse", 0, 0), s)
+    second = write_partition(_records("b1", 10), TaskIdentity("q-reuse", 1, 0), s)
+    def did(msg: object, phase: str) -> bool:  # init and progress of a new producer overlap the spool
+        return any(k.startswith(phase) for k in getattr(msg, "phases", {}))
+
+    assert not first.reused_producer and did(first, "init") and did(first, "progress")
+    assert second.reused_producer and not did(second, "init") and not did(second, "progress")
+    [ours] = TXN_PRODUCERS.idle(key)
+
+    stale = TXN_PRODUCERS.take(key)  # as if it sat idle in another worker process
+    elsewhere = write_partition(_records("b2", 10), TaskIdentity("q-reuse", 2, 0), s)
+    assert not elsewhere.reused_producer and not elsewhere.skipped
+    TXN_PRODUCERS.discard(TXN_PRODUCERS.take(key))
+    TXN_PRODUCERS.give(key, stale)  # back in this worker, fenced and still believing batch 1 is the last
+
+    replay = write_partition(_records("b2", 10), TaskIdentity("q-reuse", 2, 0), s)
+    assert replay.skipped and replay.reason == "replay" and not replay.reused_producer
+    assert ours not in TXN_PRODUCERS.idle(key), "a fenced producer must be discarded, not pooled again"
+    after = write_partition(_records("b3", 10), TaskIdentity("q-reuse", 3, 0), s)
+    assert after.reused_producer and not after.skipped
+
+    counts = Counter(v for _k, v in read_topic(bs, "out"))
+    for tag in (b"b0", b"b1", b"b2", b"b3"):
+        assert sorted(c for v, c in counts.items() if v.startswith(tag + b"-")) == [1] * 10, tag
+
+
+def test_transactional_producers_are_not_pooled_by_default(broker: BrokerProcess) -> None:
+    create_topic(broker.bootstrap, "out", 1)
+    s = _settings(broker.bootstrap, Guarantee.exactly_once)
+    for b in range(2):
+        assert not write_partition(_records(f"n{b}", 3), TaskIdentity("q-new", b, 0), s).reused_producer
+    assert TXN_PRODUCERS.idle() == []
 
 
 def test_the_topic_option_overrides_a_topic_column_as_in_spark(broker: BrokerProcess) -> None:
@@ -91,3 +146,66 @@ def test_the_topic_option_overrides_a_topic_column_as_in_spark(broker: BrokerPro
     by_column = SinkSettings(client={"bootstrap.servers": bs}, guarantee=Guarantee.at_least_once, topic=None)
     write_partition(rows, TaskIdentity("q-topic", 0, 0), by_column)
     assert len(read_topic(bs, "source")) == 5
+
+
+@pytest.fixture
+def small_max_timeout_broker(tmp_path):  # type: ignore[no-untyped-def]
+    from oncelog.testing.broker_process import oncelog_broker
+
+    b = oncelog_broker(tmp_path / "data", "--auto-create-topics", "--transaction-max-timeout-ms", "100000",
+                       log_path=tmp_path / "broker.log")
+    b.start()
+    try:
+        yield b
+    finally:
+        b.kill()
+
+
+def test_a_new_producer_made_on_a_guess_is_replaced_when_refused_or_too_small(
+        small_max_timeout_broker: BrokerProcess) -> None:
+    """init_transactions runs beside the spool, on a transaction timeout guessed before the input is
+    known (2 minutes, then twice the largest batch seen). A guess the broker refuses (above its
+    transaction.max.timeout.ms, here 100 s), or one smaller than the batch turns out to need, is
+    replaced by a producer sized exactly, whose init fences the first: output once either way."""
+    bs = small_max_timeout_broker.bootstrap
+    create_topic(bs, "out", 1)
+    s = _settings(bs, Guarantee.exactly_once)
+    msgs = [write_partition(_records(f"g{b}", n), TaskIdentity("q-guess", b, 0), s)
+            for b, n in enumerate([10, 10, 100])]
+    # batch 0: the 2-minute guess is refused; batch 1: the guess (sized for 20 rows) fits and its init
+    # overlapped the spool; batch 2: 100 rows need more than the guess
+    assert ["init" in m.phases for m in msgs] == [True, False, True]
+    assert "init_overlapped" in msgs[1].phases and not any(m.skipped for m in msgs)
+    counts = Counter(v for _k, v in read_topic(bs, "out"))
+    for b, n in enumerate([10, 10, 100]):
+        assert sorted(c for v, c in counts.items() if v.startswith(f"g{b}-".encode())) == [1] * n, b
+
+
+def test_the_drivers_preparation_is_kept_and_does_not_recreate_a_deleted_progress_topic(
+        broker: BrokerProcess) -> None:
+    """Spark makes a writer per micro-batch; the checks run for the first. A progress topic deleted
+    meanwhile is not created again empty (which would forget every committed batch)."""
+    from confluent_kafka.admin import AdminClient
+
+    s = SinkSettings(client={"bootstrap.servers": broker.bootstrap}, guarantee=Guarantee.exactly_once, topic="out",
+                     progress_topic="progress-kept", progress_partitions=2, timeout_s=30)
+    first = s.prepare()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    assert "progress-kept" in admin.list_topics(timeout=10).topics
+    admin.delete_topics(["progress-kept"])["progress-kept"].result(15)
+    assert s.prepare() is first
+    assert "progress-kept" not in admin.list_topics(timeout=10).topics
+
+
+def test_a_plain_producer_that_failed_is_not_pooled(broker: BrokerProcess) -> None:
+    from oncelog.spark.sink import PRODUCERS
+
+    create_topic(broker.bootstrap, "out", 1)
+    s = _settings(broker.bootstrap, Guarantee.at_least_once)
+    assert write_partition(_records("ok", 3), TaskIdentity("q-plain", 0, 0), s).rows == 3
+    assert len(PRODUCERS.idle()) == 1
+    with pytest.raises(Exception, match=r"(?i)too large|size"):
+        write_partition([(None, b"x" * (3 << 20), None, None, None)], TaskIdentity("q-plain", 1, 0), s)
+    assert PRODUCERS.idle() == [], "a producer that saw an error is closed, not lent again"
+    again = write_partition(_records("ok2", 3), TaskIdentity("q-plain", 2, 0), s)
+    assert again.rows == 3 and not again.reused_producer

@@ -105,3 +105,25 @@ def test_starting_offsets_latest_and_json(broker: BrokerProcess) -> None:
     assert js.initialOffset() == {"so": {"0": 3, "1": 0}}
     latest.stop()
     js.stop()
+
+
+def test_a_pooled_consumer_reads_each_range_exactly(broker: BrokerProcess) -> None:
+    """One consumer serves every range of this process (CONSUMERS): what it prefetched past one range
+    (or from another partition) never shows up in the next, backwards or forwards."""
+    from oncelog.spark.clients import CONSUMERS
+    from oncelog.spark.source import OffsetRange, read_range
+
+    bs = broker.bootstrap
+    create_topic(bs, "pooled", 2)
+    p = Producer({"bootstrap.servers": bs, "linger.ms": 5})
+    for i in range(3000):
+        p.produce("pooled", value=b"%d" % i, partition=i % 2)
+    p.flush(15)
+    conf = {"bootstrap.servers": bs}
+    created = CONSUMERS.created
+    for part, start, end in [(0, 0, 100), (0, 700, 900), (1, 50, 60), (0, 100, 700), (0, 1400, 1500)]:
+        got = [o for b in read_range(conf, OffsetRange("pooled", part, start, end), False, 15, batch_rows=64,
+                                     group_id="g-pooled")
+               for o in b.column("offset").to_pylist()]
+        assert got == list(range(start, end)), (part, start, end)
+    assert CONSUMERS.created == created + 1, "one consumer, lent to every range"

@@ -36,6 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline-records", type=int,
                    help="records per guarantee for the Spark pipeline curve (0 skips it; default 100000, "
                         "--quick 0)")
+    p.add_argument("--pipeline-batches",
+                   help="comma-separated micro-batch sizes (maxOffsetsPerTrigger) of the pipeline curve "
+                        "(default 5000,20000,100000)")
+    p.add_argument("--pipeline-master", default="",
+                   help="Spark master of the pipeline runs (default local[2]), e.g. local-cluster[2,1,1024]")
+    p.add_argument("--pipeline-latency", type=float,
+                   help="seconds of the pipeline's fixed-rate end-to-end latency run per guarantee (default 10; "
+                        "0 skips it)")
 
 
 class UsageError(Exception):
@@ -56,6 +64,21 @@ def plan_from(args: argparse.Namespace) -> Plan:
             if value < 0 or (value == 0 and option != "pipeline_records"):
                 raise UsageError(f"--{option.replace('_', '-')} must be positive")
             changes[attr] = value
+    if args.pipeline_batches:
+        try:
+            batches = tuple(int(b) for b in args.pipeline_batches.split(",") if b.strip())
+        except ValueError:
+            raise UsageError("--pipeline-batches must be comma-separated numbers, "
+                             f"not {args.pipeline_batches!r}") from None
+        if not batches or min(batches) < 1:
+            raise UsageError("--pipeline-batches must be positive")
+        changes["pipeline_batches"] = batches
+    if args.pipeline_master:
+        changes["pipeline_master"] = args.pipeline_master
+    if args.pipeline_latency is not None:
+        if args.pipeline_latency < 0:
+            raise UsageError("--pipeline-latency must not be negative")
+        changes["pipeline_latency_s"] = args.pipeline_latency
     return replace(plan, **changes)
 
 
@@ -100,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
                 b.process.kill()
         if plan.pipeline_records > 0:
             doc["pipeline"] = pipeline(plan.pipeline_records, plan.pipeline_batches,
-                                       lambda s: status.update(f"[{time.monotonic() - began:4.0f} s] {s}"))
+                                       lambda s: status.update(f"[{time.monotonic() - began:4.0f} s] {s}"),
+                                       plan.pipeline_master, plan.pipeline_latency_s)
     doc["conditions"]["seconds"] = round(time.monotonic() - began, 1)
     print_tables(doc, console)
     path = write_all(doc, args.out)

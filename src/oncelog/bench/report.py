@@ -194,19 +194,35 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
     pipe = doc.get("pipeline")
     if pipe and pipe.get("points"):
         p = Table(title=f"Spark pipeline (oncelog source -> oncelog sink), {pipe['records']:,} records of "
-                        f"{pipe['size']} B, local[2]: records/s per micro-batch size (maxOffsetsPerTrigger)")
-        p.add_column("micro-batch", justify="right")
-        for g in GUARANTEE_COLORS:
-            p.add_column(g, justify="right")
-        p.add_column("exactly_once / at_least_once", justify="right")
+                        f"{pipe['size']} B, {pipe.get('master', 'local[2]')}: records/s per micro-batch size "
+                        "(maxOffsetsPerTrigger), beside a single-process transactional copier; latency: "
+                        "produce -> visible read_committed in the output, p50/p99 ms")
+        for col in PIPELINE_COLUMNS:
+            p.add_column(col, justify="right")
         for point in pipe["points"]:
             if "error" in point:
                 p.add_row(f"{point['max_offsets']:,}", f"[red]{point['error'][:80]}[/red]")
                 continue
-            p.add_row(f"{point['max_offsets']:,}",
-                      *[_f(point.get(g, {}).get("records_per_s"), 0) for g in GUARANTEE_COLORS],
-                      _f(point.get("ratio_eo_vs_alo"), 3))
+            p.add_row(*pipeline_cells(point))
         console.print(p)
+
+
+#: Columns of the pipeline table (terminal and HTML): records/s, the three target ratios, latency.
+PIPELINE_COLUMNS = ["micro-batch", "copier", *GUARANTEE_COLORS, "eo / copier", "eo / alo", "amo / alo",
+                    *(f"{g} p50/p99 ms" for g in ("copier", *GUARANTEE_COLORS))]
+
+
+def pipeline_cells(point: dict[str, Any]) -> list[str]:
+    lat = point.get("latency") or {}
+
+    def ms(who: str) -> str:
+        got = lat.get(who) or {}
+        return f"{_f(got.get('p50_ms'), 0)}/{_f(got.get('p99_ms'), 0)}" if got else "-"
+
+    return [f"{point['max_offsets']:,}", _f(point.get("copier", {}).get("records_per_s"), 0),
+            *[_f(point.get(g, {}).get("records_per_s"), 0) for g in GUARANTEE_COLORS],
+            _f(point.get("ratio_eo_vs_copier"), 3), _f(point.get("ratio_eo_vs_alo"), 3),
+            _f(point.get("ratio_amo_vs_alo"), 3), *[ms(w) for w in ("copier", *GUARANTEE_COLORS)]]
 
 
 # --- HTML and charts -------------------------------------------------------------------------------
@@ -321,7 +337,8 @@ def make_charts(doc: dict[str, Any]) -> list[tuple[str, str, Chart]]:
     if good:
         xs = [p["max_offsets"] for p in good]
         series = [Series(g, xs, [p.get(g, {}).get("records_per_s") for p in good], color=c)
-                  for g, c in GUARANTEE_COLORS.items()]
+                  for g, c in {**GUARANTEE_COLORS, "copier": "#999999"}.items()
+                  if any(p.get(g) for p in good)]
         out.append(("pipeline", "pipeline", charts.line_chart(
             "Spark pipeline records/s against micro-batch size", series,
             xlabel="micro-batch size (maxOffsetsPerTrigger, records)", ylabel="records/s", logx=True,
@@ -393,13 +410,15 @@ def write_html(doc: dict[str, Any], out: Path, chart_list: list[tuple[str, str, 
     pipe_html = ("<p>Not measured in this run" + (" (--quick)" if cond["mode"] == "quick" else "") + ".</p>"
                  if not pipe.get("points") else
                  f"<p>{pipe['records']:,} records of {pipe['size']} B per guarantee, oncelog source to oncelog sink, "
-                 "local[2], each micro-batch size in its own Spark session and broker "
-                 "(<code>python -m oncelog.demo.pipeline_bench</code>).</p>"
-                 + _html_table(["micro-batch (records)", *GUARANTEE_COLORS, "exactly_once / at_least_once"],
-                               [[f"{p['max_offsets']:,}", *([_f(p.get(g, {}).get("records_per_s"), 0)
-                                                             for g in GUARANTEE_COLORS] if "error" not in p else
-                                                            [f'<span class="bad">{e(p["error"])}</span>', "", ""]),
-                                 _f(p.get("ratio_eo_vs_alo"), 3)] for p in pipe["points"]]))
+                 f"{e(pipe.get('master', 'local[2]'))}, each micro-batch size in its own Spark session and broker "
+                 "(<code>python -m oncelog.demo.pipeline_bench</code>), beside the anchor: a single-process "
+                 "confluent-kafka transactional copier (one transaction per consume call of up to a micro-batch). "
+                 "Latency: a fixed-rate producer's record to a read_committed consumer seeing it in the output, "
+                 "p50/p99 in ms.</p>"
+                 + _html_table(PIPELINE_COLUMNS,
+                               [pipeline_cells(p) if "error" not in p else
+                                [f"{p['max_offsets']:,}", f'<span class="bad">{e(p["error"])}</span>']
+                                for p in pipe["points"]]))
     body = f"""
 <p>{e(cond['date'])}, {cond['cpus']} cores ({e(cond['machine'])}), load average before the run
 {', '.join(str(x) for x in cond['load_average_1_5_15'])} (a shared machine: absolute figures are noisy, ratios

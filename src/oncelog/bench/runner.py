@@ -72,6 +72,8 @@ class Plan:
     scale_target: bool = True  # 1000 partitions x 100 producers against 3 partitions x 1 producer
     pipeline_records: int = 100_000
     pipeline_batches: tuple[int, ...] = (5_000, 20_000, 100_000)
+    pipeline_master: str = ""  # Spark master of the pipeline runs; "" is local[2]
+    pipeline_latency_s: float = 10.0  # fixed-rate end-to-end latency run per guarantee and the copier
     curves: bool = True
 
     @classmethod
@@ -354,20 +356,25 @@ class Bench:
         return curves
 
 
-def pipeline(records: int, batches: tuple[int, ...], progress: Progress) -> dict[str, Any]:
+def pipeline(records: int, batches: tuple[int, ...], progress: Progress, master: str = "",
+             latency_s: float = 10.0) -> dict[str, Any]:
     """records/s of the Spark pipeline per guarantee and micro-batch size (maxOffsetsPerTrigger),
+    beside the single-process transactional copier (the anchor), with end-to-end latency p50/p99;
     each size measured by ``python -m oncelog.demo.pipeline_bench`` (its own broker and Spark session)."""
     points: list[dict[str, Any]] = []
     for batch in batches:
-        progress(f"Spark pipeline, {records:,} records, micro-batches of {batch:,} (a minute or two)")
-        out = subprocess.run([sys.executable, "-m", "oncelog.demo.pipeline_bench", "--records", str(records),
-                              "--max-offsets", str(batch)], capture_output=True, text=True, timeout=1800)
+        progress(f"Spark pipeline, {records:,} records, micro-batches of {batch:,} (a few minutes)")
+        cmd = [sys.executable, "-m", "oncelog.demo.pipeline_bench", "--records", str(records),
+               "--max-offsets", str(batch), "--latency-seconds", f"{latency_s:g}"]
+        if master:
+            cmd += ["--master", master]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
         if out.returncode != 0:
             tail = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
             points.append({"max_offsets": batch, "error": tail[:300]})
             continue
         points.append({"max_offsets": batch, **json.loads(out.stdout.strip().splitlines()[-1])})
-    return {"records": records, "size": 100, "points": points}
+    return {"records": records, "size": 100, "master": master or "local[2]", "points": points}
 
 
 def conditions(plan: Plan, brokers: list[Broker]) -> dict[str, Any]:

@@ -20,11 +20,11 @@ from typing import Any
 
 from oncelog.spark.db_sink import PostgresUpsertSink, SqliteUpsertSink, UpsertSink, database_sink
 from oncelog.spark.sink import (
+    ArrowRecords,
     CommitSummary,
     SinkHooks,
     SinkSettings,
     TaskIdentity,
-    records_from_arrow,
     records_from_rows,
     summarize,
     write_partition,
@@ -60,7 +60,7 @@ class KafkaForeachBatch:
 
             tc = TaskContext.get()
             ident = TaskIdentity(query_id, batch_id, tc.partitionId() if tc is not None else 0)
-            msg = write_partition(records_from_arrow(batches), ident, settings, hooks)
+            msg = write_partition(ArrowRecords(batches), ident, settings, hooks)
             yield pa.RecordBatch.from_pydict({"message": [pickle.dumps(msg)]},
                                              schema=pa.schema([("message", pa.binary())]))
 

@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from oncelog.spark.clients import CONSUMERS
 from oncelog.spark.ranges import consume_range
 
 log = logging.getLogger("oncelog.spark")
@@ -104,6 +105,7 @@ class ProgressLayoutError(RuntimeError):
 # never changes, so reading on from where the last task stopped is exact; the cache saves rereading.
 _CACHE: dict[tuple[str, str, int], PartitionState] = {}
 _CACHE_LOCK = threading.Lock()
+_PROCESS_GROUP = f"oncelog-progress-{uuid.uuid4()}"
 
 
 def clear_cache() -> None:
@@ -186,13 +188,15 @@ class ProgressLog:
         md = admin.list_topics(topic=self.topic, timeout=self.timeout_s)
         return len(md.topics[self.topic].partitions)
 
-    def _consumer(self, isolation: str) -> Any:
-        from confluent_kafka import Consumer
-
-        group = self.conf.get("group.id") or f"oncelog-progress-{uuid.uuid4()}"
-        return Consumer({**self.conf, "group.id": group, "enable.auto.commit": False,
-                         "isolation.level": isolation, "enable.partition.eof": True,
-                         "auto.offset.reset": "earliest"})
+    def _consumer_config(self, isolation: str) -> dict[str, Any]:
+        # Never joins the group or commits: the id matters only to clusters with group ACLs. One id
+        # per process, so the pooled consumers serve every read (CONSUMERS).
+        group = self.conf.get("group.id") or _PROCESS_GROUP
+        # A read ends on a transaction marker (the commit of the newest record): a fetch at the end
+        # must come back at once, not after librdkafka's default 500 ms wait for more data.
+        return {"fetch.wait.max.ms": 5, "fetch.queue.backoff.ms": 5, **self.conf, "group.id": group,
+                "enable.auto.commit": False, "isolation.level": isolation, "enable.partition.eof": True,
+                "auto.offset.reset": "earliest"}
 
     def read(self, partition_id: int) -> PartitionState:
         """The committed state of ``partition_id``'s progress partition (see the module invariant)."""
@@ -200,29 +204,36 @@ class ProgressLog:
 
         part = self.partition_for(partition_id)
         cache_key = (str(self.conf.get("bootstrap.servers")), self.topic, part)
-        probe = self._consumer("read_uncommitted")
+        probe_config = self._consumer_config("read_uncommitted")
+        probe = CONSUMERS.take(probe_config)
         try:
             low, high = probe.get_watermark_offsets(TopicPartition(self.topic, part), timeout=self.timeout_s,
                                                     cached=False)
         except KafkaException as exc:
+            CONSUMERS.discard(probe)
             raise RuntimeError(f"progress partition {self.topic}-{part} at {cache_key[0]}: no offsets within "
                                f"{self.timeout_s:g}s: {exc}") from exc
-        finally:
-            probe.close()
+        except BaseException:
+            CONSUMERS.discard(probe)
+            raise
+        CONSUMERS.give(probe_config, probe)
         with _CACHE_LOCK:
             cached = _CACHE.get(cache_key)
             state = cached.copy() if cached is not None else None
         if state is not None and state.position > high:
             state = None  # the topic was deleted and created again: nothing cached is valid
-        reader = self._consumer("read_committed")
+        reader_config = self._consumer_config("read_committed")
+        reader = CONSUMERS.take(reader_config)
         self.last_read_records = 0
         try:
             if state is not None:
                 self._apply(reader, part, state, state.position, high)
             else:
                 state = self._read_back(reader, part, low, high)
-        finally:
-            reader.close()
+        except BaseException:
+            CONSUMERS.discard(reader)
+            raise
+        CONSUMERS.give(reader_config, reader)
         state.position = high
         with _CACHE_LOCK:
             cached = _CACHE.get(cache_key)
@@ -249,7 +260,7 @@ class ProgressLog:
         upto: int | None = None
         if start >= end:
             return None
-        for msgs in consume_range(reader, self.topic, part, start, end, self.timeout_s, 1000, poll_timeout_s=0.1,
+        for msgs in consume_range(reader, self.topic, part, start, end, self.timeout_s, 1000, poll_timeout_s=0.01,
                                   what=f"progress partition {self.topic}-{part}"):
             self.last_read_records += len(msgs)
             for m in msgs:

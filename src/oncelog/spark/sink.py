@@ -17,17 +17,26 @@ Fault injection is not an option: tests and the demo pass a :class:`SinkHooks` t
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import pickle
 import tempfile
+import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
-from oncelog.spark.guarantees import Guarantee, marker_config, producer_config, transaction_timeout_ms
+from oncelog.spark.clients import ClientPool, config_key
+from oncelog.spark.guarantees import (
+    BASE_TRANSACTION_TIMEOUT_MS,
+    Guarantee,
+    marker_config,
+    producer_config,
+    transaction_timeout_ms,
+)
 from oncelog.spark.options import (
     DEFAULT_CONNECT_TIMEOUT_MS,
     SINK_OPTIONS,
@@ -41,8 +50,10 @@ from oncelog.spark.options import (
 from oncelog.spark.progress import (
     DEFAULT_PARTITIONS,
     DEFAULT_TOPIC,
+    SNAPSHOT_EVERY,
     SNAPSHOT_KEY,
     Committed,
+    PartitionState,
     ProgressLog,
     progress_key,
     progress_value,
@@ -82,6 +93,10 @@ class SinkCommitMessage(WriterCommitMessage):
     transactional_id: str | None = None
     target: str = ""
     reason: str = ""
+    #: seconds per phase of the task (spool, init, progress, produce, flush, commit, ...), and
+    #: whether its producer was reused from an earlier task in the same Python worker
+    phases: dict[str, float] = field(default_factory=dict)
+    reused_producer: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,6 +141,11 @@ class SinkSettings:
     progress_replication_factor: int = -1
     fail_on_higher_committed_batch: bool = True
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_MS / 1000
+    #: keep a task's transactional producer in its Python worker for the next task of the same sink
+    #: partition (see :class:`PooledProducer`); off by default: Spark hands a partition's tasks to
+    #: its Python workers in turn, so the producer found is mostly one a newer task elsewhere has
+    #: fenced, and finding that out costs more than it saves (docs/design/spark-sink.md, Performance)
+    reuse_transactional_producers: bool = False
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SinkSettings:
@@ -144,6 +164,7 @@ class SinkSettings:
             fail_on_higher_committed_batch=get_bool(options, "failOnHigherCommittedBatch", True),
             connect_timeout_s=(get_int(options, "connectTimeoutMs", DEFAULT_CONNECT_TIMEOUT_MS, minimum=1)
                                or DEFAULT_CONNECT_TIMEOUT_MS) / 1000,
+            reuse_transactional_producers=get_bool(options, "reuseTransactionalProducers", False),
         )
 
     @property
@@ -166,7 +187,23 @@ class SinkSettings:
 
     def prepare(self) -> SinkSettings:
         """Driver side, once per query start (and per commit): check the ``kafka.*`` settings, reach
-        the cluster within ``connect_timeout_s``, and create or adopt the progress topic."""
+        the cluster within ``connect_timeout_s``, and create or adopt the progress topic.
+
+        Spark makes a new writer for every micro-batch; the checks ran for the first one, so later
+        ones in the same process reuse the result (about 60 ms a batch: a producer, an admin client
+        and two metadata requests). A progress topic deleted meanwhile is not created again: tasks
+        then fail reading it, where an empty new one would have lost the progress it held."""
+        cache_key = repr(self)
+        with _PREPARED_LOCK:
+            done = _PREPARED.get(cache_key)
+        if done is not None:
+            return done
+        prepared = self._prepare()
+        with _PREPARED_LOCK:
+            _PREPARED[cache_key] = prepared
+        return prepared
+
+    def _prepare(self) -> SinkSettings:
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
@@ -187,6 +224,11 @@ class SinkSettings:
             log.info("progress topic %s has %d partitions; using them (progress.partitions=%d ignored)",
                      self.progress_topic, partitions, self.progress_partitions)
         return replace(self, progress_partitions=partitions)
+
+
+#: Settings already prepared in this process (driver side), by their repr.
+_PREPARED: dict[str, SinkSettings] = {}
+_PREPARED_LOCK = threading.Lock()
 
 
 def _replication_factor(options: Mapping[str, str]) -> int:
@@ -239,6 +281,64 @@ def records_from_rows(rows: Iterable[Any]) -> Iterator[OutRecord]:
                _headers(d.get("headers")))
 
 
+class ArrowRecords:
+    """A task's input as pyarrow RecordBatches, kept as Arrow all the way to ``produce``: the sink's
+    fast path (no per-row tuple; column values come out of Arrow in one call per column). Iterating
+    it yields :data:`OutRecord` tuples, for code that wants rows."""
+
+    def __init__(self, batches: Iterable[Any]) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[OutRecord]:
+        return records_from_arrow(self.batches)
+
+
+_BYTES_TYPES = ("binary", "large_binary", "string", "large_string")
+
+
+def _column_values(col: Any) -> list[Any]:
+    """A column as produce() arguments: bytes or str (librdkafka takes str as UTF-8), None for null."""
+    if str(col.type) in _BYTES_TYPES:
+        return col.to_pylist()  # one C-level pass (pyarrow builds the bytes; ~0.25 us a value)
+    return [_as_bytes(v) for v in col.to_pylist()]
+
+
+def _produce_when_full(producer: Any, *args: Any, **kwargs: Any) -> None:
+    while True:
+        producer.poll(0.05)
+        try:
+            producer.produce(*args, **kwargs)
+            return
+        except BufferError:
+            continue
+
+
+def _produce_arrow(producer: Any, batch: Any, default_topic: str | None) -> int:
+    names = batch.schema.names
+    if "value" not in names:
+        raise ValueError("the oncelog sink needs a 'value' column")
+    values = _column_values(batch.column(names.index("value")))
+    keys: Iterable[Any] = (_column_values(batch.column(names.index("key"))) if "key" in names
+                           else itertools.repeat(None))
+    produce = producer.produce
+    if default_topic is not None and "partition" not in names and "headers" not in names:
+        # The tight loop: positional arguments, no per-row dict or tuple of ours.
+        for v, k in zip(values, keys, strict=False):
+            try:
+                produce(default_topic, v, k)
+            except BufferError:
+                _produce_when_full(producer, default_topic, v, k)
+        producer.poll(0)
+        return len(values)
+    n = len(values)
+    topics = batch.column(names.index("topic")).to_pylist() if "topic" in names else itertools.repeat(None)
+    parts = batch.column(names.index("partition")).to_pylist() if "partition" in names else itertools.repeat(None)
+    heads = batch.column(names.index("headers")).to_pylist() if "headers" in names else itertools.repeat(None)
+    _produce_all(producer, zip(keys, values, topics, parts, (_headers(h) for h in heads), strict=False),
+                 default_topic)
+    return n
+
+
 class Spool:
     """A task's input, taken in full before any transaction opens: chunks in memory up to
     ``memory_bytes``, the rest pickled to a temporary file (in Spark's local dir when known).
@@ -246,6 +346,9 @@ class Spool:
     Spooling puts the upstream computation (reading the source, transforming) outside the
     transaction, so the transaction lasts only as long as producing, and its timeout can be sized
     from the row count; it also gives the row count a replay is checked against.
+
+    Arrow input (:class:`ArrowRecords`) is kept as the RecordBatches Spark handed over (counted by
+    their buffer sizes, no per-row work); rows (:data:`OutRecord`) in chunks of lists.
     """
 
     CHUNK_ROWS = 4096
@@ -254,9 +357,15 @@ class Spool:
         self.memory_bytes = memory_bytes
         self.rows = 0
         self.nbytes = 0
-        self._chunks: list[list[OutRecord]] = []
+        self._chunks: list[Any] = []
         self._in_memory = 0
         self._file: IO[bytes] | None = None
+
+    def add(self, records: Iterable[OutRecord] | ArrowRecords) -> None:
+        if isinstance(records, ArrowRecords):
+            self.extend_arrow(records.batches)
+        else:
+            self.extend(records)
 
     def extend(self, records: Iterable[OutRecord]) -> None:
         chunk: list[OutRecord] = []
@@ -271,7 +380,19 @@ class Spool:
         if chunk:
             self._add(chunk)
 
-    def _add(self, chunk: list[OutRecord]) -> None:
+    def extend_arrow(self, batches: Iterable[Any]) -> None:
+        for batch in batches:
+            names = batch.schema.names
+            if "value" not in names:
+                raise ValueError("the oncelog sink needs a 'value' column")
+            if not batch.num_rows:
+                continue
+            size = sum(batch.column(names.index(n)).nbytes for n in ("key", "value", "headers") if n in names)
+            self.nbytes += size
+            self._in_memory += batch.nbytes
+            self._add(batch)
+
+    def _add(self, chunk: Any) -> None:
         self.rows += len(chunk)
         self._chunks.append(chunk)
         if self._in_memory > self.memory_bytes:
@@ -283,18 +404,24 @@ class Spool:
             self._chunks = []
             self._in_memory = 0
 
-    def __iter__(self) -> Iterator[OutRecord]:
+    def chunks(self) -> Iterator[Any]:
+        """Lists of rows and RecordBatches, in input order."""
         if self._file is not None:
             self._file.flush()
             self._file.seek(0)
             while True:
                 try:
-                    chunk = pickle.load(self._file)
+                    yield pickle.load(self._file)
                 except EOFError:
                     break
-                yield from chunk
-        for chunk in self._chunks:
-            yield from chunk
+        yield from self._chunks
+
+    def __iter__(self) -> Iterator[OutRecord]:
+        for chunk in self.chunks():
+            yield from (chunk if isinstance(chunk, list) else records_from_arrow([chunk]))
+
+    def produce(self, producer: Any, default_topic: str | None) -> int:
+        return produce_records(producer, self.chunks(), default_topic)
 
     def close(self) -> None:
         if self._file is not None:
@@ -309,18 +436,47 @@ class Spool:
         self.close()
 
 
+def produce_records(producer: Any, chunks: Iterable[Any], default_topic: str | None) -> int:
+    """Produce every record of ``chunks`` (RecordBatches, lists of :data:`OutRecord`, or single
+    :data:`OutRecord` tuples); the number produced."""
+    n = 0
+    rows: list[OutRecord] = []
+    for chunk in chunks:
+        if isinstance(chunk, tuple):
+            rows.append(chunk)
+            if len(rows) >= Spool.CHUNK_ROWS:
+                n += _produce_all(producer, rows, default_topic)
+                rows = []
+            continue
+        if rows:
+            n += _produce_all(producer, rows, default_topic)
+            rows = []
+        n += _produce_all(producer, chunk, default_topic) if isinstance(chunk, list) else \
+            _produce_arrow(producer, chunk, default_topic)
+    if rows:
+        n += _produce_all(producer, rows, default_topic)
+    return n
+
+
 class _Delivery:
+    """Delivery reports of one task: errors, and the offset of the last record delivered."""
+
     def __init__(self) -> None:
         self.errors: list[str] = []
+        self.offset = -1
 
-    def __call__(self, err: Any, _msg: Any) -> None:
+    def __call__(self, err: Any, msg: Any) -> None:
         if err is not None:
             self.errors.append(str(err))
+        elif msg is not None:
+            off = msg.offset()
+            if off is not None and off > self.offset:
+                self.offset = int(off)
 
 
-def _produce_all(producer: Any, records: Iterable[OutRecord], default_topic: str | None,
-                 on_delivery: _Delivery | None) -> int:
+def _produce_all(producer: Any, records: Iterable[OutRecord], default_topic: str | None) -> int:
     n = 0
+    produce = producer.produce
     for key, value, topic, partition, headers in records:
         target = default_topic or topic  # as in Spark's Kafka sink, the topic option overrides the column
         if not target:
@@ -330,16 +486,12 @@ def _produce_all(producer: Any, records: Iterable[OutRecord], default_topic: str
             kwargs["partition"] = int(partition)
         if headers:
             kwargs["headers"] = headers
-        if on_delivery is not None:
-            kwargs["on_delivery"] = on_delivery
-        while True:
-            try:
-                producer.produce(target, **kwargs)
-                break
-            except BufferError:
-                producer.poll(0.05)
+        try:
+            produce(target, **kwargs)
+        except BufferError:
+            _produce_when_full(producer, target, **kwargs)
         n += 1
-        if n % 1000 == 0:
+        if n % 4096 == 0:
             producer.poll(0)
     return n
 
@@ -372,6 +524,93 @@ def close_producer(producer: Any) -> None:
         pass
 
 
+@dataclass
+class PooledProducer:
+    """A producer kept between tasks of one Python worker, with what its owner knows.
+
+    Transactional (``tid`` set): made by ``init_transactions()`` of one epoch, given back only when
+    every transaction it began has committed or aborted, so the next task starts from the state
+    ``init_transactions()`` leaves, *unless another attempt with the same transactional id has
+    called init_transactions since* and fenced it. ``last`` is the newest committed batch of its
+    progress key as of its last progress read plus its own commits since: exact as long as the
+    producer is not fenced, since only its transactional id writes that key. ``read_due`` asks the
+    next task to read the progress partition (first use, or a snapshot is due).
+    """
+
+    producer: Any
+    delivery: _Delivery
+    tid: str | None = None
+    timeout_ms: int = 0
+    last: Committed | None = None
+    read_due: bool = True
+    snapshot_at: int = -1
+
+
+def _close_pooled(p: PooledProducer) -> None:
+    close_producer(p.producer)
+
+
+#: Transactional producers by (transactional id, client settings), at most a few idle per worker.
+TXN_PRODUCERS: ClientPool[PooledProducer] = ClientPool(_close_pooled, max_idle=8)
+#: Plain producers (at_least_once, at_most_once's output) by settings.
+PRODUCERS: ClientPool[PooledProducer] = ClientPool(_close_pooled, max_idle=4)
+
+#: librdkafka settings the sink's producers get unless the user's kafka.* options set them: wait up
+#: to 20 ms to fill a batch (the task flushes at its end, so this adds no latency to a batch's last
+#: records, and fewer, larger produce requests cost the broker less).
+PRODUCER_DEFAULTS = {"linger.ms": 20}
+
+
+def _with_defaults(conf: dict[str, Any]) -> dict[str, Any]:
+    return {**PRODUCER_DEFAULTS, **conf}
+
+
+def _plain_producer(guarantee: Guarantee, settings: SinkSettings) -> tuple[Hashable, PooledProducer, bool]:
+    from confluent_kafka import Producer
+
+    conf = _with_defaults(producer_config(guarantee, settings.client, None, 0))
+    key = config_key(conf, "plain")
+    pooled = PRODUCERS.take(key)
+    reused = pooled is not None
+    if pooled is None:
+        delivery = _Delivery()
+        pooled = PooledProducer(Producer({**conf, "on_delivery": delivery, "delivery.report.only.error": True}),
+                                delivery)
+    pooled.delivery.errors.clear()
+    return key, pooled, reused
+
+
+class _StaleProducer(Exception):
+    """A pooled transactional producer was fenced while idle by a newer attempt of the same id."""
+
+
+def _first_input_timed(records: Iterable[OutRecord] | ArrowRecords,
+                       phases: _Phases) -> Iterable[OutRecord] | ArrowRecords:
+    """The same input; the wait for its first Arrow batch (the upstream's start-up) is its own phase."""
+    if not isinstance(records, ArrowRecords):
+        return records
+
+    def batches() -> Iterator[Any]:
+        it = iter(records.batches)
+        for first in it:
+            phases.lap("first_input")
+            yield first
+            yield from it
+
+    return ArrowRecords(batches())
+
+
+class _Phases:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._t, 4)
+        self._t = now
+
+
 def _check_replay(last: Committed | None, ident: TaskIdentity, rows: int, settings: SinkSettings) -> str:
     """'' to write; 'replay' or 'higher' to skip; raises when skipping or writing would be wrong."""
     if last is None or last.batch_id < ident.batch_id:
@@ -399,121 +638,266 @@ def _check_replay(last: Committed | None, ident: TaskIdentity, rows: int, settin
     return "replay"
 
 
-def write_partition(records: Iterable[OutRecord], ident: TaskIdentity, settings: SinkSettings,
+def write_partition(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIdentity, settings: SinkSettings,
                     hooks: SinkHooks | None = None) -> SinkCommitMessage:
     """Write one (batch, partition) under ``settings.guarantee``; runs on an executor.
 
     exactly_once: spool the input -> init_transactions (fences older attempts of this sink
     partition and completes or aborts their transaction) -> read the progress log -> skip if this
     batch is committed with the same row count (fail if the count differs or a later batch is
-    committed) -> begin -> output + progress record -> commit. The transaction commits in the
+    committed) -> begin -> progress record + output -> commit. The transaction commits in the
     task, so the batch's output is visible once its last task committed, before Spark's own commit
     log says so; a replay finds the progress records and writes nothing.
 
     at_most_once: the same, but the transaction holds only the progress record, and the output
     follows it with acks=0.
-    """
-    from confluent_kafka import Producer
 
+    A transactional producer left by an earlier task of this Python worker (same transactional id
+    and settings, see :class:`PooledProducer`) stands in for init_transactions and the progress
+    read: its epoch is still the newest unless another attempt fenced it, and then nothing it sends
+    can commit. Its progress record goes first and is flushed before any output, so a producer
+    fenced while idle is found out before the task produced anything; the task then starts over
+    with a new producer (init_transactions, progress read), as a task without a pooled one does.
+    """
     hooks = hooks or SinkHooks()
+    phases = _Phases()
     g = settings.guarantee
     if g is Guarantee.at_least_once:
-        return _write_at_least_once(records, ident, settings, hooks)
+        return _write_at_least_once(records, ident, settings, hooks, phases)
 
     with Spool() as spool:
-        spool.extend(records)  # the upstream computation runs now, outside any transaction
         tid = settings.transactional_id(ident)
-        timeout_ms = transaction_timeout_ms(spool.rows, spool.nbytes, settings.transaction_timeout_ms)
-
-        def message(rows: int, reason: str) -> SinkCommitMessage:
-            return SinkCommitMessage(ident.query_id, ident.batch_id, ident.partition_id, rows, bool(reason),
-                                     g.value, tid, settings.target, reason)
-
-        producer = Producer(marker_config(settings.client, tid, timeout_ms))
+        key = config_key(settings.client, tid)
+        pooled = TXN_PRODUCERS.take(key) if settings.reuse_transactional_producers else None
+        prep = None
+        if pooled is None:
+            # A new producer's init_transactions and progress read run while the input spools; the
+            # transaction itself opens only once the input is complete.
+            guess_ms = settings.transaction_timeout_ms or _SIZED_MS.get(key, 2 * BASE_TRANSACTION_TIMEOUT_MS)
+            prep = _Preparation(_new_txn_producer(settings, tid, guess_ms), settings, ident.partition_id)
+            prep.start()
         try:
-            return _write_with_progress(producer, spool, ident, settings, hooks, message, tid, timeout_ms)
-        finally:
-            close_producer(producer)
+            spool.add(_first_input_timed(records, phases))  # the upstream computation runs now, outside any transaction
+        except BaseException:
+            if prep is not None:
+                prep.join()
+                TXN_PRODUCERS.discard(prep.pooled)
+            if pooled is not None:
+                TXN_PRODUCERS.give(key, pooled)  # unused: still in the state it was given back in
+            raise
+        phases.lap("spool")
+        need_ms = transaction_timeout_ms(spool.rows, spool.nbytes, settings.transaction_timeout_ms)
+        if settings.transaction_timeout_ms is None:
+            # Sized for up to twice the largest batch seen, so one producer serves a stream's batches.
+            _SIZED_MS[key] = max(_SIZED_MS.get(key, 0), transaction_timeout_ms(2 * spool.rows, 2 * spool.nbytes))
+        if pooled is not None and pooled.timeout_ms < need_ms:
+            TXN_PRODUCERS.discard(pooled)  # sized for smaller batches; a new one fences it anyway
+            pooled = None
+        if pooled is not None:
+            try:
+                return _write_with_progress(pooled, True, key, spool, ident, settings, hooks, phases)
+            except _StaleProducer:
+                phases.lap("stale")
+                log.info("transactional id %s: the pooled producer was fenced by a newer attempt; starting over "
+                         "with a new one", tid)
+        if prep is not None:
+            prep.join()
+            phases.seconds.update({f"{k}_overlapped": v for k, v in prep.seconds.items()})
+            phases.lap("wait_init")
+            if prep.error is None and prep.pooled.timeout_ms >= need_ms:
+                return _write_with_progress(prep.pooled, False, key, spool, ident, settings, hooks, phases,
+                                            prep.state)
+            TXN_PRODUCERS.discard(prep.pooled)
+            if prep.error is not None and not isinstance(prep.error, _TimeoutRefused):
+                raise prep.error
+        # Sized for exactly this batch (as a guess refused by the broker, or too small, would not be).
+        return _write_with_progress(_new_txn_producer(settings, tid, need_ms), False, key, spool, ident, settings,
+                                    hooks, phases)
 
 
-def _write_with_progress(producer: Any, spool: Spool, ident: TaskIdentity, settings: SinkSettings,
-                         hooks: SinkHooks, message: Any, tid: str, timeout_ms: int) -> SinkCommitMessage:
-    from confluent_kafka import KafkaError, KafkaException, Producer
+#: Per process: the transaction timeout a new producer of a transactional id is made with (twice
+#: the largest batch its tasks spooled), until the input is known; 2 minutes at first.
+_SIZED_MS: dict[Hashable, int] = {}
 
-    g = settings.guarantee
-    progress = settings.progress()
-    key = progress_key(settings.sink_id(ident.query_id), ident.partition_id)
+
+class _TimeoutRefused(RuntimeError):
+    """The broker refused the transaction timeout (above its transaction.max.timeout.ms)."""
+
+
+class _Preparation(threading.Thread):
+    """init_transactions of a new producer, then the progress read, beside the task's spooling."""
+
+    def __init__(self, pooled: PooledProducer, settings: SinkSettings, partition_id: int) -> None:
+        super().__init__(name=f"oncelog-init-{pooled.tid}", daemon=True)
+        self.pooled = pooled
+        self.settings = settings
+        self.partition_id = partition_id
+        self.state: PartitionState | None = None
+        self.error: BaseException | None = None
+        self.seconds: dict[str, float] = {}
+
+    def run(self) -> None:
+        try:
+            t0 = time.perf_counter()
+            _init(self.pooled, None, self.settings)
+            t1 = time.perf_counter()
+            self.state = self.settings.progress().read(self.partition_id)
+            t2 = time.perf_counter()
+            self.seconds = {"init": round(t1 - t0, 4), "progress": round(t2 - t1, 4)}
+        except BaseException as exc:  # handed to the task's thread, which raises it
+            self.error = exc
+
+
+def _new_txn_producer(settings: SinkSettings, tid: str, timeout_ms: int) -> PooledProducer:
+    from confluent_kafka import Producer
+
+    delivery = _Delivery()
+    conf = _with_defaults(marker_config(settings.client, tid, timeout_ms))
+    return PooledProducer(Producer(conf), delivery, tid, timeout_ms)
+
+
+def _init(pooled: PooledProducer, rows: int | None, settings: SinkSettings) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
     try:
-        producer.init_transactions(settings.timeout_s)
+        pooled.producer.init_transactions(settings.timeout_s)
     except KafkaException as exc:
         err = exc.args[0] if exc.args else None
         if isinstance(err, KafkaError) and err.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
-            raise RuntimeError(
-                f"the broker refused transaction.timeout.ms={timeout_ms} for {spool.rows} rows (above its "
+            what = "this batch" if rows is None else f"{rows} rows"
+            raise _TimeoutRefused(
+                f"the broker refused transaction.timeout.ms={pooled.timeout_ms} for {what} (above its "
                 "transaction.max.timeout.ms): set option transaction.timeout.ms, or lower "
                 "maxOffsetsPerTrigger so micro-batches are smaller") from exc
-        raise RuntimeError(f"transactional id {tid} at {settings.client.get('bootstrap.servers')}: "
+        raise RuntimeError(f"transactional id {pooled.tid} at {settings.client.get('bootstrap.servers')}: "
                            f"init_transactions failed (timeout.ms={settings.timeout_s * 1000:g}): {exc}") from exc
-    state = progress.read(ident.partition_id)
-    reason = _check_replay(state.latest.get(key), ident, spool.rows, settings)
-    if reason:
-        msg: SinkCommitMessage = message(0 if reason == "higher" else spool.rows, reason)
-        hooks.after_commit(ident, msg)
-        return msg
-    producer.begin_transaction()
+
+
+def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashable, spool: Spool,
+                         ident: TaskIdentity, settings: SinkSettings, hooks: SinkHooks, phases: _Phases,
+                         prepared: PartitionState | None = None) -> SinkCommitMessage:
+    """The protocol from init_transactions on. ``prepared``: init_transactions has returned and this
+    is the progress partition as read after it (:class:`_Preparation`)."""
+    g = settings.guarantee
+    tid = pooled.tid
+    progress = settings.progress()
+    key = progress_key(settings.sink_id(ident.query_id), ident.partition_id)
+    producer = pooled.producer
+    keep = False  # give the producer back to the pool: only when no transaction of it is open
+
+    def message(rows: int, reason: str) -> SinkCommitMessage:
+        return SinkCommitMessage(ident.query_id, ident.batch_id, ident.partition_id, rows, bool(reason), g.value,
+                                 tid, settings.target, reason, phases.seconds, reused)
+
     try:
-        if g is Guarantee.exactly_once:
-            _produce_all(producer, spool, settings.topic, None)
-        producer.produce(progress.topic, key=key.encode(), partition=progress.partition_for(ident.partition_id),
-                         value=progress_value(ident.batch_id, spool.rows, progress.partitions))
-        if progress.snapshot_due(state):
-            snapshot = progress.snapshot_record(state)
-            if snapshot is not None:
-                producer.produce(progress.topic, key=SNAPSHOT_KEY.encode(), value=snapshot,
-                                 partition=progress.partition_for(ident.partition_id))
-        if g is Guarantee.exactly_once:
-            flush(producer, settings.timeout_s, f"transaction {tid}")
-            hooks.before_commit(ident, g)
-        producer.commit_transaction(settings.timeout_s)
-    except BaseException:
+        state = prepared
+        if not reused and prepared is None:
+            _init(pooled, spool.rows, settings)
+            phases.lap("init")
+        if pooled.read_due and state is None:
+            state = progress.read(ident.partition_id)
+            phases.lap("progress")
+        if state is not None:
+            pooled.last, pooled.snapshot_at, pooled.read_due = state.latest.get(key), state.snapshot_at, False
+        reason = _check_replay(pooled.last, ident, spool.rows, settings)
+        if reason:
+            keep = True
+            msg = message(0 if reason == "higher" else spool.rows, reason)
+            hooks.after_commit(ident, msg)
+            return msg
+        marker, snapshot_at = _Delivery(), -1
+        producer.begin_transaction()
         try:
-            producer.abort_transaction(10)
-        except Exception:  # fenced or broker gone: the coordinator aborts it (fencing/timeout)
-            pass
-        raise
+            part = progress.partition_for(ident.partition_id)
+            producer.produce(progress.topic, progress_value(ident.batch_id, spool.rows, progress.partitions),
+                             key.encode(), part, marker)
+            if state is not None and progress.snapshot_due(state):
+                snapshot = progress.snapshot_record(state)
+                if snapshot is not None:
+                    producer.produce(progress.topic, snapshot, SNAPSHOT_KEY.encode(), part)
+                    snapshot_at = state.position  # at least; the record follows the progress record
+            if reused:
+                # Found out now, before any output, whether a newer attempt fenced this producer
+                # while it sat in the pool. Whatever failed here, nothing of this task was produced:
+                # starting over with a new producer (init_transactions, progress read) is safe.
+                try:
+                    flush(producer, settings.timeout_s, f"transaction {tid}")
+                except Exception as exc:
+                    raise _StaleProducer(str(exc)) from exc
+                if marker.errors:
+                    raise _StaleProducer(marker.errors[0])
+            if g is Guarantee.exactly_once:
+                spool.produce(producer, settings.topic)
+                phases.lap("produce")
+                flush(producer, settings.timeout_s, f"transaction {tid}")
+                phases.lap("flush")
+                hooks.before_commit(ident, g)
+            producer.commit_transaction(settings.timeout_s)
+            producer.poll(0)  # the progress record's delivery report: its offset
+            phases.lap("commit")
+        except BaseException:
+            try:
+                producer.abort_transaction(10)
+            except Exception:  # fenced or broker gone: the coordinator aborts it (fencing/timeout)
+                pass
+            raise
+        pooled.last = Committed(ident.batch_id, spool.rows)
+        if snapshot_at >= 0:
+            pooled.snapshot_at = max(snapshot_at, marker.offset + 1)
+        pooled.read_due = marker.offset < 0 or marker.offset - pooled.snapshot_at >= SNAPSHOT_EVERY
+        keep = True
+    finally:
+        if keep and settings.reuse_transactional_producers:
+            TXN_PRODUCERS.give(pool_key, pooled)
+        else:
+            TXN_PRODUCERS.discard(pooled)
     if g is Guarantee.at_most_once:
         # The window in which a crash loses the batch: marked committed, output not yet sent.
         hooks.before_commit(ident, g)
-        out = Producer(producer_config(g, settings.client, None, 0))
+        out_key, out, _ = _plain_producer(g, settings)
+        ok = False
         try:
-            done = _Delivery()
-            _produce_all(out, spool, settings.topic, done)
-            flush(out, settings.timeout_s, f"at_most_once output of {key}")
+            spool.produce(out.producer, settings.topic)
+            phases.lap("produce")
+            flush(out.producer, settings.timeout_s, f"at_most_once output of {key}")
+            phases.lap("flush")
+            ok = not out.delivery.errors
         finally:
-            close_producer(out)
-        if done.errors:
-            raise RuntimeError(f"{len(done.errors)} records not sent (at_most_once: not retried): {done.errors[:3]}")
+            if ok:
+                PRODUCERS.give(out_key, out)
+            else:
+                PRODUCERS.discard(out)
+        if out.delivery.errors:
+            errors = out.delivery.errors
+            raise RuntimeError(f"{len(errors)} records not sent (at_most_once: not retried): {errors[:3]}")
     msg = message(spool.rows, "")
     hooks.after_commit(ident, msg)
     return msg
 
 
-def _write_at_least_once(records: Iterable[OutRecord], ident: TaskIdentity, settings: SinkSettings,
-                         hooks: SinkHooks) -> SinkCommitMessage:
-    from confluent_kafka import Producer
-
-    producer = Producer(producer_config(Guarantee.at_least_once, settings.client, None, 0))
+def _write_at_least_once(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIdentity,
+                         settings: SinkSettings, hooks: SinkHooks, phases: _Phases) -> SinkCommitMessage:
+    key, pooled, reused = _plain_producer(Guarantee.at_least_once, settings)
+    producer = pooled.producer
+    ok = False
     try:
-        done = _Delivery()
-        rows = _produce_all(producer, records, settings.topic, done)
+        chunks: Iterable[Any] = records.batches if isinstance(records, ArrowRecords) else records
+        rows = produce_records(producer, chunks, settings.topic)
+        phases.lap("produce")
         flush(producer, settings.timeout_s, f"at_least_once output of partition {ident.partition_id}")
+        phases.lap("flush")
+        ok = not pooled.delivery.errors
     finally:
-        close_producer(producer)
-    if done.errors:
-        raise RuntimeError(f"{len(done.errors)} of {rows} records not delivered: {done.errors[:3]}")
+        if ok:
+            PRODUCERS.give(key, pooled)
+        else:
+            PRODUCERS.discard(pooled)
+    if pooled.delivery.errors:
+        errors = pooled.delivery.errors
+        raise RuntimeError(f"{len(errors)} of {rows} records not delivered: {errors[:3]}")
     hooks.before_commit(ident, Guarantee.at_least_once)
     msg = SinkCommitMessage(ident.query_id, ident.batch_id, ident.partition_id, rows, False,
-                            Guarantee.at_least_once.value, None, settings.target, "")
+                            Guarantee.at_least_once.value, None, settings.target, "", phases.seconds, reused)
     hooks.after_commit(ident, msg)
     return msg
 
@@ -560,7 +944,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         self.last_commit: CommitSummary | None = None
 
     def write(self, iterator: Iterator[Any]) -> SinkCommitMessage:
-        return write_partition(records_from_arrow(iterator), current_task_identity(), self.settings, self.hooks)
+        return write_partition(ArrowRecords(iterator), current_task_identity(), self.settings, self.hooks)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         # Visibility already happened in the tasks (exactly_once) or needs nothing (the others); the

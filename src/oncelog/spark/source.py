@@ -30,6 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from oncelog.spark.clients import CONSUMERS
 from oncelog.spark.options import (
     BATCH_ONLY_OPTIONS,
     DEFAULT_CONNECT_TIMEOUT_MS,
@@ -60,6 +61,14 @@ HEADERS_DDL = ", headers array<struct<key: string, value: binary>>"
 
 #: Records per Arrow batch handed to Spark.
 ARROW_BATCH_ROWS = 8192
+#: Executor consumer settings unless the user's ``kafka.*`` options say otherwise. A range's reader
+#: is lent from a pool (:data:`~oncelog.spark.clients.CONSUMERS`) and reassigned to the next range,
+#: so: prefetch at most 20,000 records past a range (librdkafka's 100,000 are mostly dropped), and
+#: once that prefetch queue is full, try again after 20 ms, not librdkafka's 1 s, which the next
+#: range of the same partition inherited (one range in five waited about a second for its first
+#: record); a fetch at the end of the log comes back after 20 ms, not 500 (a range that ends on a
+#: transaction marker is complete only once a fetch past the marker returns).
+SOURCE_CONSUMER_DEFAULTS = {"queued.min.messages": 20_000, "fetch.queue.backoff.ms": 20, "fetch.wait.max.ms": 20}
 
 
 @dataclass(frozen=True)
@@ -147,42 +156,55 @@ def read_range(conf: Mapping[str, Any], rng: OffsetRange, include_headers: bool,
     Raises TimeoutError if the consumer's position stops moving below ``rng.end`` for ``timeout_s``
     (it stalls only if the broker lost data or an open transaction moved the LSO below a planned
     end, which a correct broker never does); a long range that keeps moving never times out.
+
+    The consumer comes from this process's pool (:data:`CONSUMERS`) and goes back to it only when
+    the range was read to its end; ``assign()`` of the next range resets its position, and records
+    outside ``[start, end)`` are dropped, so what a previous range prefetched never leaks.
     """
     import pyarrow as pa
-    from confluent_kafka import Consumer
 
-    consumer = Consumer({**conf, "group.id": group_id or f"oncelog-spark-source-{uuid.uuid4()}-executor",
-                         "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "error"})
+    group = group_id or f"oncelog-spark-source-{uuid.uuid4()}-executor"
+    cfg = {**conf, "group.id": group, "enable.auto.commit": False, "enable.partition.eof": True,
+           "auto.offset.reset": "error"}
+    for k, v in SOURCE_CONSUMER_DEFAULTS.items():
+        cfg.setdefault(k, v)
+    consumer = CONSUMERS.take(cfg)
     schema = pa.schema(_arrow_fields(pa, include_headers))
-    cols: dict[str, list[Any]] = {f.name: [] for f in schema}
-
-    def flush() -> Any:
-        batch = pa.RecordBatch.from_pydict(cols, schema=schema)
-        for v in cols.values():
-            v.clear()
-        return batch
-
+    pending: list[Any] = []
+    done = False
     try:
         for msgs in consume_range(consumer, rng.topic, rng.partition, rng.start, rng.end, timeout_s, batch_rows,
                                   what=str(rng)):
-            for m in msgs:
-                ts_type, ts = cast(Any, m.timestamp())
-                cols["key"].append(m.key())
-                cols["value"].append(m.value())
-                cols["topic"].append(rng.topic)
-                cols["partition"].append(rng.partition)
-                cols["offset"].append(int(m.offset()))
-                cols["timestamp"].append(ts * 1000 if ts >= 0 else None)
-                cols["timestampType"].append(arrow_timestamp_type(ts_type))
-                if include_headers:
-                    hs: list[Any] = list(m.headers() or [])
-                    cols["headers"].append([{"key": h[0], "value": h[1]} for h in hs])
-                if len(cols["offset"]) >= batch_rows:
-                    yield flush()
-        if cols["offset"]:
-            yield flush()
+            pending.extend(msgs)
+            if len(pending) >= batch_rows:
+                yield _arrow_batch(pa, schema, rng, pending, include_headers)
+                pending = []
+        if pending:
+            yield _arrow_batch(pa, schema, rng, pending, include_headers)
+        done = True
     finally:
-        consumer.close()
+        if done:
+            CONSUMERS.give(cfg, consumer)
+        else:
+            CONSUMERS.discard(consumer)
+
+
+def _arrow_batch(pa: Any, schema: Any, rng: OffsetRange, msgs: list[Any], include_headers: bool) -> Any:
+    """One RecordBatch from librdkafka messages: a list per column (no per-row dict or tuple), the
+    topic and partition as repeated scalars."""
+    n = len(msgs)
+    stamps = [m.timestamp() for m in msgs]
+    arrays = [pa.array([m.key() for m in msgs], pa.binary()),
+              pa.array([m.value() for m in msgs], pa.binary()),
+              pa.repeat(pa.scalar(rng.topic, pa.string()), n),
+              pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
+              pa.array([m.offset() for m in msgs], pa.int64()),
+              pa.array([ts * 1000 if ts >= 0 else None for _t, ts in stamps], pa.timestamp("us", tz="UTC")),
+              pa.array([1 if t == 2 else 0 for t, _ts in stamps], pa.int32())]
+    if include_headers:
+        arrays.append(pa.array([[{"key": h[0], "value": h[1]} for h in (m.headers() or ())] for m in msgs],
+                               schema.field("headers").type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _arrow_fields(pa: Any, include_headers: bool) -> list[Any]:

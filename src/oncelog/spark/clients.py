@@ -1,0 +1,124 @@
+"""Kafka clients kept for the life of a Python worker process and lent to one task at a time.
+
+Spark reuses its Python worker processes across tasks (``spark.python.worker.reuse``, on by
+default), so a consumer or producer made by one task can serve the next one instead of paying for a
+new client (threads, connections, metadata) per task.
+
+Invariants:
+- An idle client is in a pool only while no task uses it: :meth:`ClientPool.take` removes it, and
+  only the borrower may :meth:`~ClientPool.give` it back.
+- A client is given back only in a state the next task can start from (a consumer that read its
+  range to the end: the next ``assign()`` resets its position; a producer with nothing in flight).
+  A client that saw any error is closed, never pooled. What a transactional producer must also
+  satisfy is the sink's business (:mod:`oncelog.spark.sink`).
+- Keys are the full client configuration (plus, for the sink, the transactional id), so a client
+  is reused only for the very settings it was made with.
+- At most ``max_idle`` idle clients per pool; the least recently returned is closed first.
+
+Safe to use from several threads (tests run attempts concurrently in one process).
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+def config_key(config: Mapping[str, Any], *extra: Hashable) -> tuple[Hashable, ...]:
+    return (*extra, *sorted((str(k), repr(v)) for k, v in config.items()))
+
+
+class ClientPool(Generic[T]):
+    def __init__(self, close: Callable[[T], None], max_idle: int = 8) -> None:
+        self._close = close
+        self.max_idle = max_idle
+        self._idle: OrderedDict[tuple[Hashable, int], T] = OrderedDict()
+        self._lock = threading.Lock()
+        self._serial = 0
+        #: clients lent out from the pool, and clients made because none was idle (for tests and the bench)
+        self.reused = 0
+        self.created = 0
+
+    def take(self, key: Hashable) -> T | None:
+        """An idle client made for ``key``, now owned by the caller, or None."""
+        with self._lock:
+            for k in reversed(self._idle):
+                if k[0] == key:
+                    self.reused += 1
+                    return self._idle.pop(k)
+            self.created += 1
+        return None
+
+    def give(self, key: Hashable, client: T) -> None:
+        with self._lock:
+            self._serial += 1
+            self._idle[(key, self._serial)] = client
+            evicted = []
+            while len(self._idle) > self.max_idle:
+                evicted.append(self._idle.popitem(last=False)[1])
+        for c in evicted:
+            self.discard(c)
+
+    def discard(self, client: T) -> None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._close(client)
+        except Exception:  # closing a broken or fenced client must not hide the caller's error
+            pass
+
+    def idle(self, key: Hashable | None = None) -> list[T]:
+        with self._lock:
+            return [c for k, c in self._idle.items() if key is None or k[0] == key]
+
+    def clear(self) -> None:
+        """Close every idle client (what a fresh Python worker starts with)."""
+        with self._lock:
+            idle = list(self._idle.values())
+            self._idle.clear()
+        for c in idle:
+            self.discard(c)
+
+
+def _close_consumer(c: Any) -> None:
+    c.close()
+
+
+class ConsumerPool(ClientPool[Any]):
+    """librdkafka consumers by configuration; :meth:`take` makes one when none is idle."""
+
+    def take(self, config: Mapping[str, Any]) -> Any:  # type: ignore[override]
+        from confluent_kafka import Consumer
+
+        c = super().take(config_key(config))
+        return c if c is not None else Consumer(dict(config))
+
+    def give(self, config: Mapping[str, Any], consumer: Any) -> None:  # type: ignore[override]
+        try:
+            consumer.unassign()
+        except Exception:
+            self.discard(consumer)
+            return
+        super().give(config_key(config), consumer)
+
+
+#: The source's executor consumers and the progress log's readers.
+CONSUMERS = ConsumerPool(_close_consumer)
+
+
+def clear_all() -> None:
+    """Close every pooled client of this process: consumers here, producers in the sink."""
+    CONSUMERS.clear()
+    from oncelog.spark import sink
+
+    sink.PRODUCERS.clear()
+    sink.TXN_PRODUCERS.clear()
+
+
+atexit.register(clear_all)
