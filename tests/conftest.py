@@ -59,3 +59,10 @@ def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
     with psycopg.connect(postgres_server.url, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     yield postgres_server.url.rsplit("/", 1)[0] + "/" + name
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The minutes-long Spark fault runs (marker ``heavy``) first: `make test` runs files on two
+    workers (pytest-xdist, ``--dist loadfile``), and starting the longest files first lets both
+    workers finish together instead of one of them ending the run alone on a Spark file."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)

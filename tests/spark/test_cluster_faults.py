@@ -22,7 +22,7 @@ from oncelog.demo.faults import duplicates_and_losses, produce_transactions, rea
 from oncelog.testing.broker_process import BrokerProcess, create_topic
 
 pytest.importorskip("pyspark")
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(420)]
 
 
 def test_executor_killed_mid_batch_and_after_its_commit_on_a_cluster(broker: BrokerProcess, tmp_path: Path) -> None:
