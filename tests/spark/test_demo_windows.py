@@ -34,6 +34,10 @@ def test_each_window_is_told_apart() -> None:
     assert classify(QueryState(planned=0, committed=None), Replay(0, 0, 2), "at_most_once") == COMMITTED
     assert classify(QueryState(planned=2, committed=2), None, "exactly_once") == AFTER
     assert classify(QueryState(planned=None, committed=None), None, "exactly_once") == NO_BATCH
+    # The driver's commit of the batch ran (its report line), the commit log entry did not: the
+    # commit window, whatever the replay did (at_least_once skips nothing and writes it all again).
+    committed = QueryState(planned=2, committed=1, driver_committed=True)
+    assert classify(committed, Replay(2, written=2, skipped=0), "at_least_once") == COMMITTED
     assert in_flight(open_batch) and in_flight(QueryState(0, None))
     assert not in_flight(QueryState(2, 2)) and not in_flight(QueryState(None, None))
 
@@ -58,6 +62,10 @@ def test_state_and_replay_are_read_from_the_checkpoint_and_the_commit_report(tmp
     assert replay_after(report, state) == Replay(2, written=0, skipped=2)
     assert classify(state, replay_after(report, state), "exactly_once") == COMMITTED
     assert checkpoint_state(tmp_path / "none", tmp_path / "none.jsonl") == QueryState(None, None, 0)
+    # Killed again after the driver committed batch 2 of the replay: that line counts only if this
+    # attempt wrote it (it is after ``since_line``, the report's length when the attempt started).
+    assert checkpoint_state(ckpt, report, since_line=2).driver_committed
+    assert not checkpoint_state(ckpt, report, since_line=4).driver_committed
     assert replay_after(tmp_path / "none.jsonl", state) is None
 
 

@@ -6,18 +6,20 @@ something different of the sink:
 1. **open** — Spark planned batch ``B`` (its ``offsets/B`` file exists) and the tasks are writing;
    nothing of the batch is committed by the sink (exactly_once: its transactions are open). The
    replay writes every partition again (exactly_once: the open transactions are fenced and aborted).
-2. **committed, before commit log** — every task of ``B`` committed in the sink, but Spark had not
-   written ``commits/B``. Spark replays ``B``; the sink must find every partition committed and
-   skip it (exactly_once and at_least_once record a partition's progress in the same step as its
-   output; at_most_once records it *before* writing, so for it "committed" means "marked done").
+2. **committed, before commit log** — every task of ``B`` committed in the sink (the driver's
+   ``commit`` ran: the batch's line is in the commit report), but Spark had not written
+   ``commits/B``. Spark replays ``B``; an exactly-once sink must find every partition committed and
+   skip it. at_least_once keeps no progress and writes it all again (duplicates); at_most_once
+   records a partition's progress *before* writing it, so for it "committed" means "marked done".
 3. **after commit log** — ``commits/B`` is written: the kill fell between batches; nothing is replayed.
 
-A kill where only some partitions of ``B`` had committed is **partly committed** (the replay skips
-those and writes the rest).
+A kill where only some partitions of ``B`` had committed (the replay skipped some, wrote the
+others) is **partly committed**.
 
-The state is read right after the kill (the job's process group is dead, nothing moves), and the
-replay is read afterwards from the commit report (``fault.commitReport``: one JSON line per batch
-the driver committed, with the partitions written and skipped).
+The state is read right after the kill (the job's process group is dead, nothing moves): the
+checkpoint's ``offsets`` and ``commits`` logs and the commit report (``fault.commitReport``: one
+JSON line per batch the driver committed, with the partitions written and skipped). The replay is
+read afterwards from the same report.
 """
 
 from __future__ import annotations
@@ -43,11 +45,14 @@ SHORT = {NO_BATCH: "no batch", TXN_OPEN: "open", BATCH_OPEN: "open", PARTLY: "pa
 @dataclass(frozen=True)
 class QueryState:
     """One query's checkpoint when the driver died: the newest batch Spark planned (``offsets/``),
-    the newest in its commit log (``commits/``), and how many lines its commit report had."""
+    the newest in its commit log (``commits/``), how many lines its commit report had, and whether
+    the driver had committed the planned batch in the sink (its line in the report, written since
+    the job's last start)."""
 
     planned: int | None
     committed: int | None
     report_lines: int = 0
+    driver_committed: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,11 +71,16 @@ def batch_ids(log_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in log_dir.iterdir() if p.name.isdigit())
 
 
-def checkpoint_state(checkpoint: Path, commit_report: Path) -> QueryState:
+def checkpoint_state(checkpoint: Path, commit_report: Path, since_line: int = 0) -> QueryState:
+    """The state of one query; ``since_line``: the report's length when this attempt of the job
+    started (lines before it are earlier attempts')."""
     planned = batch_ids(checkpoint / "offsets")
     committed = batch_ids(checkpoint / "commits")
-    lines = len(commit_report.read_text().splitlines()) if commit_report.exists() else 0
-    return QueryState(planned[-1] if planned else None, committed[-1] if committed else None, lines)
+    lines = commit_report.read_text().splitlines() if commit_report.exists() else []
+    newest = planned[-1] if planned else None
+    driver_committed = newest is not None and any(json.loads(line)["batch"] == newest
+                                                  for line in lines[since_line:])
+    return QueryState(newest, committed[-1] if committed else None, len(lines), driver_committed)
 
 
 def replay_after(commit_report: Path, state: QueryState) -> Replay | None:
@@ -91,6 +101,8 @@ def classify(state: QueryState, replay: Replay | None, guarantee: str) -> str:
         return NO_BATCH
     if state.committed is not None and state.committed >= state.planned:
         return AFTER
+    if state.driver_committed:
+        return COMMITTED
     if replay is not None and replay.skipped:
         return COMMITTED if replay.written == 0 else PARTLY
     return TXN_OPEN if guarantee == "exactly_once" else BATCH_OPEN
