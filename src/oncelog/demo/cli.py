@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "commit log entry, once per query (default 1; -1: off)")
     p.add_argument("--guarantees", default=",".join(GUARANTEES))
     p.add_argument("--max-offsets", type=int, default=0,
-                   help="maxOffsetsPerTrigger of the job (default: a fifth of --records, at least 50: five batches)")
+                   help="maxOffsetsPerTrigger of the job (default: a third of --records, at least 50: three batches)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--report", type=Path, default=Path("oncelog-demo-report.html"), help="HTML report path")
     p.add_argument("--sqlite", type=Path, default=Path("oncelog-demo-totals.sqlite"),
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     if not console.is_terminal:
-        console = Console(width=160)  # a log file or CI: do not squeeze the table to 80 columns
+        console = Console(width=220)  # a log file or CI: do not squeeze the table to 80 columns
     import importlib.util
 
     if importlib.util.find_spec("pyspark") is None:
