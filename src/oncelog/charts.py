@@ -339,11 +339,13 @@ def timeline(title: str, rows: Sequence[str], *, spans: Sequence[Span] = (), poi
              windows: Sequence[Window] = (), markers: Sequence[Marker] = (), colors: Mapping[str, str],
              window_colors: Mapping[str, str] | None = None, x_range: tuple[float, float] | None = None,
              xlabel: str = "time since the start of the run (s)", width_px: int = 1300,
-             row_px: int = 30, labelled_markers: int = 40) -> Chart:
+             row_px: int = 30, labelled_markers: int = 40,
+             point_styles: Mapping[str, tuple[str, float]] | None = None) -> Chart:
     """Operations over time: one row per process, bars for operations that lasted (``spans``), dots
     for instantaneous ones (``points``), shaded ``windows`` (faults) behind them, and ``markers``
     (anomalies) on top; only the first ``labelled_markers`` markers carry their label as text, every
-    marker gets a clickable box in the returned chart."""
+    marker gets a clickable box in the returned chart. ``point_styles`` gives a category of points
+    its own matplotlib marker and size (e.g. ``("X", 80)`` for events that must stand out)."""
     rows = list(rows) or ["(none)"]
     n_entries = len({s.category for s in spans} | {p.category for p in points} | {w.kind for w in windows}) + 1
     height_px = max(220, 120 + row_px * len(rows), 70 + 19 * n_entries)  # room for the legend
@@ -377,9 +379,14 @@ def timeline(title: str, rows: Sequence[str], *, spans: Sequence[Span] = (), poi
             xs_.append(p.x)
             ys_.append(index[p.row] + p.lane)
     for category, (pxs, pys) in by_point.items():
-        tick = category.startswith("send")
-        sc = ax.scatter(pxs, pys, s=22 if tick else 9, color=colors.get(category, "#444444"),
-                        linewidths=1.0 if tick else 0, zorder=3, marker="|" if tick else "o")
+        style = (point_styles or {}).get(category)
+        if style is not None:
+            sc = ax.scatter(pxs, pys, s=style[1], color=colors.get(category, "#444444"), marker=style[0],
+                            edgecolors="white", linewidths=0.6, zorder=4)
+        else:
+            tick = category.startswith("send")
+            sc = ax.scatter(pxs, pys, s=22 if tick else 9, color=colors.get(category, "#444444"),
+                            linewidths=1.0 if tick else 0, zorder=3, marker="|" if tick else "o")
         legend.setdefault(category, sc)
     # Markers closer than about 8 pixels on one row share one cross, labelled "#1 +2".
     bucket = (hi - lo) * 8 / max(width_px, 1)

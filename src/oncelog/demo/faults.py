@@ -21,10 +21,12 @@ from typing import Any
 
 
 def produce_transactions(bootstrap: str, topic: str, records: Sequence[tuple[bytes, bytes]], per_txn: int,
-                         abort_every: int, partitions: int | None = None) -> list[tuple[bytes, bytes]]:
+                         abort_every: int, partitions: int | None = None,
+                         on_commit: Callable[[int], None] | None = None) -> list[tuple[bytes, bytes]]:
     """Write ``records`` in transactions of ``per_txn``; every ``abort_every``-th transaction also
     gets a batch of poison records (value prefixed ``aborted-``) and is aborted, then the real records
-    are written again in a committed one. Returns the committed records (all of ``records``)."""
+    are written again in a committed one. Returns the committed records (all of ``records``);
+    ``on_commit(n)`` is called after each committed transaction of ``n`` records."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"oncelog-demo-gen-{uuid.uuid4()}"})
@@ -40,6 +42,8 @@ def produce_transactions(bootstrap: str, topic: str, records: Sequence[tuple[byt
         for j, (k, v) in enumerate(chunk):
             p.produce(topic, key=k, value=v, partition=j % partitions if partitions else -1)
         p.commit_transaction(30)
+        if on_commit is not None:
+            on_commit(len(chunk))
     return list(records)
 
 
@@ -88,6 +92,16 @@ def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed",
 
 
 @dataclass
+class KillEvent:
+    """One SIGKILL of the driver's process group: ``at`` (time.monotonic()), ``by_us`` (the harness
+    killed it mid-batch) or by the job's own commit-window fault point, and the topic watched."""
+
+    at: float
+    by_us: bool
+    topic: str = ""
+
+
+@dataclass
 class KillReport:
     kills: int = 0
     #: SIGKILLs the job's own fault points dealt (oncelog.demo.fault_sink), each followed by a restart
@@ -96,17 +110,22 @@ class KillReport:
     exit_code: int | None = None
     seconds: float = 0.0
     log: list[str] = field(default_factory=list)
+    events: list[KillEvent] = field(default_factory=list)
+    #: time.monotonic() of each start of the job (the first and every restart)
+    starts: list[float] = field(default_factory=list)
 
 
 def run_with_driver_kills(cmd: list[str], bootstrap: str, watch_topic: str | Sequence[str], kills: int, seed: int,
                           log_path: Path, timeout_s: float = 300.0,
-                          on_event: Callable[[str], None] | None = None, max_self_kills: int = 4) -> KillReport:
+                          on_event: Callable[[str], None] | None = None, max_self_kills: int = 4,
+                          on_kill: Callable[[KillEvent], None] | None = None) -> KillReport:
     """Run the job ``cmd``; ``kills`` times, SIGKILL its whole process group (Python driver, the JVM,
     the Python workers) shortly after new records appear in ``watch_topic`` (read_uncommitted, so
     the kill lands while a batch is being written), then start it again. A job that dies of SIGKILL
     by its own fault point (``--kill-driver-in-commit``) is restarted too, up to ``max_self_kills``
     times. Finally let it finish. With several topics (a job running several queries), kill ``i``
-    watches topic ``i mod n``.
+    watches topic ``i mod n``. ``on_kill`` is called after each kill, before the restart: the job's
+    whole process group was SIGKILLed, so this is the moment to look at what the kill left behind.
     """
     from confluent_kafka import Consumer
 
@@ -126,6 +145,7 @@ def run_with_driver_kills(cmd: list[str], bootstrap: str, watch_topic: str | Seq
     try:
         with open(log_path, "ab") as log:
             while True:
+                report.starts.append(time.monotonic())
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
                 killed_by_us = False
                 try:
@@ -141,6 +161,7 @@ def run_with_driver_kills(cmd: list[str], bootstrap: str, watch_topic: str | Seq
                                 os.killpg(proc.pid, signal.SIGKILL)
                                 proc.wait(timeout=30)
                                 killed_by_us = True
+                                report.events.append(KillEvent(time.monotonic(), True, topic))
                                 report.kills += 1
                                 note(f"driver killed (SIGKILL) mid-batch ({topic}), kill {report.kills}/{kills}")
                                 break
@@ -149,12 +170,15 @@ def run_with_driver_kills(cmd: list[str], bootstrap: str, watch_topic: str | Seq
                     code = proc.wait(timeout=remaining)
                     if code == -signal.SIGKILL:
                         if not killed_by_us:
+                            report.events.append(KillEvent(time.monotonic(), False))
                             report.self_kills += 1
                             note("driver killed (SIGKILL) by its fault point after the batch's tasks committed, "
                                  "before Spark's commit log entry")
                             if report.self_kills > max_self_kills:
                                 report.exit_code = code
                                 break
+                        if on_kill is not None:
+                            on_kill(report.events[-1])
                         report.restarts += 1
                         note("driver restarting from its checkpoint")
                         continue
