@@ -40,7 +40,7 @@ demo: setup
 test: setup
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not lazyfs" -n 2 --dist loadfile tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not lazyfs" -n 2 --dist loadfile --no-loadscope-reorder tests
 
 lint: setup
 	$(BIN)/ruff check src tests

@@ -63,6 +63,7 @@ def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The minutes-long Spark fault runs (marker ``heavy``) first: `make test` runs files on two
-    workers (pytest-xdist, ``--dist loadfile``), and starting the longest files first lets both
-    workers finish together instead of one of them ending the run alone on a Spark file."""
+    workers (pytest-xdist, ``--dist loadfile --no-loadscope-reorder``: files in this order, not
+    the largest first), and starting the longest files first lets both workers finish together
+    instead of one of them ending the run alone on a Spark file."""
     items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
