@@ -168,7 +168,12 @@ def test_kill_9_while_cleaning_loses_nothing(tmp_path: Path) -> None:
                 if i % 200 == 0:
                     p.poll(0)
             assert p.flush(30) == 0
-            time.sleep(rng.uniform(0.3, 0.8))  # the cleaner is busy by now
+            # Kill while a cleaning has written part of its output (.cleaned files), so the restart
+            # must find and discard it; on a loaded machine the cleaner may not have begun yet.
+            cleaning = time.monotonic() + 8
+            while not any((tmp_path / "data" / "t-0").glob("*.cleaned")) and time.monotonic() < cleaning:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.3))
             broker.restart()  # SIGKILL, then start on the same data dir
         deadline = time.monotonic() + 30
         while ": cleaned [" not in (tmp_path / "broker.log").read_text():
