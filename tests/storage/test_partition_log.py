@@ -175,3 +175,29 @@ def test_missing_indexes_are_rebuilt(tmp_path: Path) -> None:
     again = open_log(tmp_path, segment_bytes=2000, index_interval_bytes=100)
     assert again.log_end_offset == 10
     assert offsets_in(again.read(7, 1 << 20).records)[0] == 7
+
+
+def test_segment_lookup_stays_right_as_segments_roll_and_go(tmp_path: Path) -> None:
+    """The base offsets behind ``_segment_for`` are cached between changes of the segment list;
+    after every roll and every deletion from the front the lookup must equal a fresh search, and
+    reads from every offset start at the right batch."""
+    import bisect
+    import random
+
+    rng = random.Random(5)
+    plog = open_log(tmp_path, segment_bytes=2048)
+
+    def check() -> None:
+        bases = [s.base_offset for s in plog.segments]
+        for o in [plog.log_start_offset, plog.log_end_offset - 1,
+                  *(rng.randrange(plog.log_start_offset, plog.log_end_offset) for _ in range(20))]:
+            assert plog._segment_for(o) == max(bisect.bisect_right(bases, o) - 1, 0), (o, bases)
+            first = offsets_in(plog.read(o, 1 << 20).records)[0]
+            assert first <= o
+
+    for step in range(60):
+        plog.append(batch(rng.randint(1, 4), size=rng.randint(50, 600)))
+        if step % 7 == 6:
+            plog.delete_records(rng.randrange(plog.log_start_offset, plog.log_end_offset + 1))
+        check()
+    assert len(plog.segments) > 3

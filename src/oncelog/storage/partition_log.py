@@ -105,6 +105,11 @@ class PartitionLog:
         self._snapshot_name_durable = True
         fileio.fs.mkdir(directory)
         self.segments: list[LogSegment] = []
+        # Base offsets of ``segments`` for lookups, rebuilt only when the list changed (every
+        # in-place replacement bumps ``_segments_replaced``; appends and pops change its ends).
+        self._segments_replaced = 0
+        self._bases_key: tuple[int, int, int, int] | None = None
+        self._bases: list[int] = []
         self.producer_state = ProducerStateManager()
         self.log_start_offset = 0
         self.recovery_point = 0
@@ -153,11 +158,13 @@ class PartitionLog:
         if not bases:
             start = _read_int_file(self.directory / LOG_START_FILE) or 0
             self.segments = [LogSegment(self.directory, start, now, self.config.index_interval_bytes)]
+            self._segments_replaced += 1
             fileio.fs.fsync_dir(self.directory)
             self.log_start_offset = start
             self.recovery_point = start
             return
         self.segments = [LogSegment(self.directory, b, now, self.config.index_interval_bytes) for b in bases]
+        self._segments_replaced += 1
         # Segments wholly below the recovery point: trusted; next_offset is the next segment's base.
         for seg, nxt in zip(self.segments, self.segments[1:], strict=False):
             seg.next_offset = nxt.base_offset
@@ -225,6 +232,7 @@ class PartitionLog:
                                 later.path.name)
                     later.delete()
                 del self.segments[i + 1 :]
+                self._segments_replaced += 1
                 break
         for seg in self.segments:
             seg.txn_index.truncate_to_offset(seg.next_offset)
@@ -415,7 +423,15 @@ class PartitionLog:
 
     # --- reads -----------------------------------------------------------------------------------
     def _segment_for(self, offset: int) -> int:
-        i = bisect.bisect_right([s.base_offset for s in self.segments], offset) - 1
+        """Index of the segment holding ``offset`` (the first one below the log start): a
+        binary search over base offsets cached between changes of the segment list, not a list
+        rebuilt on every read (O(log segments) per lookup)."""
+        segs = self.segments
+        key = (self._segments_replaced, len(segs), id(segs[0]) if segs else 0, id(segs[-1]) if segs else 0)
+        if key != self._bases_key:
+            self._bases = [seg.base_offset for seg in segs]
+            self._bases_key = key
+        i = bisect.bisect_right(self._bases, offset) - 1
         return max(i, 0)
 
     def read(self, fetch_offset: int, max_bytes: int, *, max_offset: int | None = None,
@@ -768,6 +784,7 @@ class PartitionLog:
             seg.next_offset = next_offset
             fresh.append(seg)
         self.segments[:n] = fresh
+        self._segments_replaced += 1
         return True
 
     # --- lifecycle -------------------------------------------------------------------------------
