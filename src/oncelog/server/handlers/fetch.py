@@ -108,6 +108,17 @@ def read_fetch(broker: Broker, body: Any, isolation_level: int, max_bytes: int,
     return topics_out, total, errored
 
 
+def _visible_ends(broker: Broker, partitions: list[tuple[str, int]], isolation_level: int) -> list[Any]:
+    """What a wait may change for this fetch, per partition: the end a read stops at (the LSO
+    under read_committed, else the high watermark) and the log start offset (None: no log)."""
+    out: list[Any] = []
+    for topic, index in partitions:
+        plog = broker.logs.get_partition(topic, index)
+        out.append(None if plog is None else
+                   (plog.last_stable_offset if isolation_level else plog.high_watermark, plog.log_start_offset))
+    return out
+
+
 async def handle_fetch(broker: Broker, req: Request) -> dict[str, Any]:
     body = req.body
     isolation_level = getattr(body, "isolation_level", 0)
@@ -124,7 +135,14 @@ async def handle_fetch(broker: Broker, req: Request) -> dict[str, Any]:
         remaining_s = deadline - time.monotonic()
         if total >= min_bytes or errored or remaining_s <= 0 or not partitions:
             break
-        await broker.wait_for_append(partitions, remaining_s)
+        ends = _visible_ends(broker, partitions, isolation_level)
+        while True:
+            await broker.wait_for_append(partitions, remaining_s)
+            remaining_s = deadline - time.monotonic()
+            # An append that moves nothing this fetch may return (an open transaction's records,
+            # under read_committed) is no reason to read every partition again.
+            if remaining_s <= 0 or _visible_ends(broker, partitions, isolation_level) != ends:
+                break
         if time.monotonic() >= deadline:
             topics_out, total, errored = read_fetch(broker, body, isolation_level, max_bytes, denied)
             break
