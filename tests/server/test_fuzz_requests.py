@@ -172,6 +172,31 @@ def test_regression_create_topics_config_name_of_32767_characters(tmp_path: Path
         ib.close()
 
 
+def test_regression_member_id_from_a_client_id_of_32767_characters(tmp_path: Path) -> None:
+    """Found by the 30-minute socket fuzz: JoinGroup from a client whose client id (or group
+    instance id) is 32,767 characters made the member id clientId-UUID, 32,804 characters, which no
+    legacy string holds: every JoinGroup and DescribeGroups response of that group failed to encode
+    (91 internal errors). The member id keeps at most 255 characters of the prefix."""
+    ib = InProcessBroker(tmp_path / "d", group_initial_rebalance_delay_ms=0)  # a lone join completes at once
+    try:
+        long_id = "c" * 32767
+        for version, instance in ((2, None), (5, long_id)):
+            group = f"g{version}"
+            fields = {"group_id": group, "session_timeout": 10_000, "rebalance_timeout": 10_000,
+                      "member_id": "", "protocol_type": "consumer",
+                      "protocols": [{"name": "range", "metadata": b""}]}
+            if version >= 5:
+                fields["group_instance_id"] = instance
+            r = ib.call(11, version, fields, client_id=long_id)
+            assert r.error_code == 0 and r.member_id.startswith("c" * 255 + "-")
+            assert len(r.member_id) == 255 + 37
+            d = ib.call(15, 4, {"groups": [group], "include_authorized_operations": False}, client_id=long_id)
+            assert d.groups[0].members[0].member_id == r.member_id
+            assert d.groups[0].members[0].client_id == long_id
+    finally:
+        ib.close()
+
+
 def test_regression_null_arrays_are_malformed_requests(tmp_path: Path) -> None:
     """Found by the socket fuzz: OffsetFetch v1-v5 whose topic's partition array has length -1 reached
     handle_offset_fetch with ``partition_indexes=None`` (kio's reader accepts a null array whatever

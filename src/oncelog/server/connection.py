@@ -194,7 +194,12 @@ class KafkaConnection(asyncio.Protocol):
                 self.close()
                 return
             except Exception:
-                log.exception("internal error handling a request from %s; closing the connection", self.peer)
+                try:
+                    key, version, _ = peek_header(frame)
+                    api = f"{api_name(key)} v{version}"
+                except Exception:
+                    api = "an unparsable request"
+                log.exception("internal error handling %s from %s; closing the connection", api, self.peer)
                 self.close()
                 return
             if out is not None and self.transport is not None and not self.closed:

@@ -37,6 +37,10 @@ G = GroupState
 Record = tuple[bytes, bytes | None]
 
 
+#: Characters of the client id (or group instance id) a generated member id starts with.
+MEMBER_ID_PREFIX_MAX = 255
+
+
 @dataclass
 class JoinResult:
     error: ErrorCode
@@ -86,7 +90,9 @@ class GroupMetadataManager:
 
     @staticmethod
     def _new_member_id(client_id: str, group_instance_id: str | None) -> str:
-        return f"{group_instance_id or client_id or 'member'}-{uuid.uuid4()}"
+        # Kafka's clientId-UUID, with the prefix cut short: a client id or instance id may be 32,767
+        # bytes, and a member id longer than that cannot be written in a legacy response string.
+        return f"{(group_instance_id or client_id or 'member')[:MEMBER_ID_PREFIX_MAX]}-{uuid.uuid4()}"
 
     # --- JoinGroup ----------------------------------------------------------------------------------
     def join_group(self, group_id: str, member_id: str, group_instance_id: str | None, client_id: str,
