@@ -391,7 +391,7 @@ def set_log_append_time(buf: bytearray, pos: int, timestamp_ms: int) -> None:
     struct.pack_into(">I", buf, pos + 17, crc)
 
 
-def _varint(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
     """Zig-zag varint as RecordBatch v2 records use."""
     v = (value << 1) ^ (value >> 63)
     out = bytearray()
@@ -409,23 +409,23 @@ def encode_record(offset_delta: int, timestamp_delta: int, key: bytes | None, va
                   headers: tuple[tuple[str, bytes | None], ...] = ()) -> bytes:
     """Encode one record of a v2 batch (attributes 0)."""
     body = bytearray(b"\x00")
-    body += _varint(timestamp_delta)
-    body += _varint(offset_delta)
+    body += encode_varint(timestamp_delta)
+    body += encode_varint(offset_delta)
     for part in (key, value):
         if part is None:
-            body += _varint(-1)
+            body += encode_varint(-1)
         else:
-            body += _varint(len(part))
+            body += encode_varint(len(part))
             body += part
-    body += _varint(len(headers))
+    body += encode_varint(len(headers))
     for hkey, hval in headers:
         kb = hkey.encode()
-        body += _varint(len(kb)) + kb
+        body += encode_varint(len(kb)) + kb
         if hval is None:
-            body += _varint(-1)
+            body += encode_varint(-1)
         else:
-            body += _varint(len(hval)) + hval
-    return _varint(len(body)) + bytes(body)
+            body += encode_varint(len(hval)) + hval
+    return encode_varint(len(body)) + bytes(body)
 
 
 def build_batch(records: list[bytes], *, base_offset: int = 0, base_timestamp: int, max_timestamp: int | None = None,
@@ -471,7 +471,7 @@ def read_control_marker(buf: bytes | bytearray | memoryview, pos: int, header: B
     ctype, p = _control_key(buf, pos, header)
     end = pos + header.size
     try:
-        value_len, p = _read_varint(buf, p)
+        value_len, p = read_varint(buf, p)
     except IndexError:
         raise InvalidRecordError("malformed control record value") from None
     if value_len < 6 or p + 6 > end:
@@ -512,7 +512,7 @@ def _control_key(buf: bytes | bytearray | memoryview, pos: int, header: BatchHea
     return int(ctype), p + 4
 
 
-def _read_varint(buf: bytes | bytearray | memoryview, p: int) -> tuple[int, int]:
+def read_varint(buf: bytes | bytearray | memoryview, p: int) -> tuple[int, int]:
     """Zig-zag varint at ``p`` -> (value, next position)."""
     shift = 0
     raw = 0
@@ -534,10 +534,10 @@ def record_timestamps(buf: bytes | bytearray | memoryview, pos: int, header: Bat
     p = pos + HEADER_SIZE
     end = pos + header.size
     for _ in range(header.records_count):
-        length, p = _read_varint(buf, p)
+        length, p = read_varint(buf, p)
         body = p
-        ts_delta, q = _read_varint(buf, p + 1)  # skip the record's attributes byte
-        offset_delta, _ = _read_varint(buf, q)
+        ts_delta, q = read_varint(buf, p + 1)  # skip the record's attributes byte
+        offset_delta, _ = read_varint(buf, q)
         yield header.base_offset + offset_delta, header.base_timestamp + ts_delta
         p = body + length
         if p > end:

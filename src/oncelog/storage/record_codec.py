@@ -55,35 +55,6 @@ def delete_horizon_ms(header: rb.BatchHeader) -> int | None:
     return header.base_timestamp if header.attributes & ATTR_DELETE_HORIZON else None
 
 
-# --- varints ---------------------------------------------------------------------------------------
-def _read_varint(buf: bytes | memoryview, p: int) -> tuple[int, int]:
-    shift = 0
-    raw = 0
-    while True:
-        b = buf[p]
-        p += 1
-        raw |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return (raw >> 1) ^ -(raw & 1), p
-        shift += 7
-        if shift > 63:
-            raise rb.InvalidRecordError("varint too long")
-
-
-def _varint(value: int) -> bytes:
-    v = (value << 1) ^ (value >> 63)
-    v &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 # --- decoding --------------------------------------------------------------------------------------
 def decode_records(batch: bytes | memoryview, header: rb.BatchHeader) -> list[Record]:
     """Every record of the batch at the start of ``batch`` (``header`` is its header)."""
@@ -93,19 +64,19 @@ def decode_records(batch: bytes | memoryview, header: rb.BatchHeader) -> list[Re
     p = 0
     try:
         for _ in range(header.records_count):
-            length, p = _read_varint(data, p)
+            length, p = rb.read_varint(data, p)
             end = p + length
             if length < 0 or end > len(data):
                 raise rb.InvalidRecordError("record runs past the end of its batch")
             attributes = data[p]
-            ts_delta, q = _read_varint(data, p + 1)
-            offset_delta, q = _read_varint(data, q)
-            key_len, q = _read_varint(data, q)
+            ts_delta, q = rb.read_varint(data, p + 1)
+            offset_delta, q = rb.read_varint(data, q)
+            key_len, q = rb.read_varint(data, q)
             key = None
             if key_len >= 0:
                 key = bytes(data[q:q + key_len])
                 q += key_len
-            value_len, q = _read_varint(data, q)
+            value_len, q = rb.read_varint(data, q)
             value = None
             if value_len >= 0:
                 value = bytes(data[q:q + value_len])
@@ -130,16 +101,16 @@ def keyless_records(batch: bytes | memoryview, header: rb.BatchHeader) -> list[i
 def _encode_record(r: Record, base_offset: int, base_timestamp: int) -> bytes:
     body = bytearray()
     body.append(r.attributes & 0xFF)
-    body += _varint(r.timestamp - base_timestamp)
-    body += _varint(r.offset - base_offset)
+    body += rb.encode_varint(r.timestamp - base_timestamp)
+    body += rb.encode_varint(r.offset - base_offset)
     for part in (r.key, r.value):
         if part is None:
-            body += _varint(-1)
+            body += rb.encode_varint(-1)
         else:
-            body += _varint(len(part))
+            body += rb.encode_varint(len(part))
             body += part
     body += r.tail
-    return _varint(len(body)) + bytes(body)
+    return rb.encode_varint(len(body)) + bytes(body)
 
 
 def rebuild_batch(header: rb.BatchHeader, records: list[Record], *, delete_horizon: int | None) -> bytes:
