@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
@@ -565,6 +565,26 @@ def _with_defaults(conf: dict[str, Any]) -> dict[str, Any]:
     return {**PRODUCER_DEFAULTS, **conf}
 
 
+def _send_plain(key: Hashable, pooled: PooledProducer, send: Callable[[Any], int], what: str,
+                settings: SinkSettings, phases: _Phases) -> int:
+    """Produce with a pooled plain producer (``send`` returns the rows it produced), flush, and
+    give the producer back to the pool only when nothing failed (else it is closed); the caller
+    reads ``pooled.delivery.errors``."""
+    ok = False
+    try:
+        rows = send(pooled.producer)
+        phases.lap("produce")
+        flush(pooled.producer, settings.timeout_s, what)
+        phases.lap("flush")
+        ok = not pooled.delivery.errors
+    finally:
+        if ok:
+            PRODUCERS.give(key, pooled)
+        else:
+            PRODUCERS.discard(pooled)
+    return rows
+
+
 def _plain_producer(guarantee: Guarantee, settings: SinkSettings) -> tuple[Hashable, PooledProducer, bool]:
     from confluent_kafka import Producer
 
@@ -855,18 +875,8 @@ def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashabl
         # The window in which a crash loses the batch: marked committed, output not yet sent.
         hooks.before_commit(ident, g)
         out_key, out, _ = _plain_producer(g, settings)
-        ok = False
-        try:
-            spool.produce(out.producer, settings.topic)
-            phases.lap("produce")
-            flush(out.producer, settings.timeout_s, f"at_most_once output of {key}")
-            phases.lap("flush")
-            ok = not out.delivery.errors
-        finally:
-            if ok:
-                PRODUCERS.give(out_key, out)
-            else:
-                PRODUCERS.discard(out)
+        _send_plain(out_key, out, lambda producer: spool.produce(producer, settings.topic),
+                    f"at_most_once output of {key}", settings, phases)
         if out.delivery.errors:
             errors = out.delivery.errors
             raise RuntimeError(f"{len(errors)} records not sent (at_most_once: not retried): {errors[:3]}")
@@ -878,20 +888,9 @@ def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashabl
 def _write_at_least_once(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIdentity,
                          settings: SinkSettings, hooks: SinkHooks, phases: _Phases) -> SinkCommitMessage:
     key, pooled, reused = _plain_producer(Guarantee.at_least_once, settings)
-    producer = pooled.producer
-    ok = False
-    try:
-        chunks: Iterable[Any] = records.batches if isinstance(records, ArrowRecords) else records
-        rows = produce_records(producer, chunks, settings.topic)
-        phases.lap("produce")
-        flush(producer, settings.timeout_s, f"at_least_once output of partition {ident.partition_id}")
-        phases.lap("flush")
-        ok = not pooled.delivery.errors
-    finally:
-        if ok:
-            PRODUCERS.give(key, pooled)
-        else:
-            PRODUCERS.discard(pooled)
+    chunks: Iterable[Any] = records.batches if isinstance(records, ArrowRecords) else records
+    rows = _send_plain(key, pooled, lambda producer: produce_records(producer, chunks, settings.topic),
+                       f"at_least_once output of partition {ident.partition_id}", settings, phases)
     if pooled.delivery.errors:
         errors = pooled.delivery.errors
         raise RuntimeError(f"{len(errors)} of {rows} records not delivered: {errors[:3]}")
