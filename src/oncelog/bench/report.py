@@ -133,22 +133,12 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
         t.add_column(f"@{fraction} of peak (ms)", justify="right")
     for name, row in doc["rows"].items():
         for i, broker in enumerate(names):
-            entry = row["brokers"].get(broker, {})
-            thr = entry.get("throughput")
-            lat = [latency_cell(entry.get("latency", {}).get(f)) for f in fractions]
+            row_cells, lat, error = _workload_cells(doc, name, broker, fractions)
             label = row["label"] if i == 0 else ""
-            if thr is None:
-                t.add_row(label, broker, f"[red]{entry.get('error', 'not run')[:60]}[/red]", *[""] * 7, *lat)
+            if error is not None:
+                t.add_row(label, broker, f"[red]{error[:60]}[/red]", *[""] * 7, *lat)
                 continue
-            vs = ""
-            if broker == "oncelog" and "tansu" in names:
-                rr = ratio(thr["records_per_s"], _thr(doc, name, "tansu"))
-                vs = f"{rr:.2f}x" if rr else "-"
-            cpu = thr["cpu"]
-            t.add_row(label, broker, mb(thr), _f(thr["records_per_s"], 0), vs,
-                      _f(thr.get("batch_records_avg"), 0) if "batch_records_avg" in thr else "",
-                      f"{cpu['broker_pct']:.0f}%", f"{cpu['clients_pct']:.0f}%", f"{cpu['others_pct']:.0f}%",
-                      thr["limited_by"], *lat, end_section=i == len(names) - 1)
+            t.add_row(label, broker, *row_cells, *lat, end_section=i == len(names) - 1)
     console.print(t)
 
     rt = Table(title="Ratios (same run, same machine)")
@@ -361,6 +351,27 @@ def _html_table(head: list[str], rows: list[list[str]], text_last: bool = False)
     return f'<table class="num"><tr>{th}</tr>{body}</table>'
 
 
+def _workload_cells(doc: dict[str, Any], name: str, broker: str,
+                    fractions: list[str]) -> tuple[list[str], list[str], str | None]:
+    """One broker's cells of a workload row, as plain text, for the terminal and the HTML table:
+    (MB/s, records/s, vs tansu, records/batch, CPU broker/clients/others, limited by), the latency
+    cells per fraction of peak, and the error text when the throughput run did not happen."""
+    entry = doc["rows"][name]["brokers"].get(broker, {})
+    lat = [latency_cell(entry.get("latency", {}).get(f)) for f in fractions]
+    thr = entry.get("throughput")
+    if thr is None:
+        return [], lat, str(entry.get("error", "not run"))
+    vs = ""
+    if broker == "oncelog" and "tansu" in brokers_of(doc):
+        rr = ratio(thr["records_per_s"], _thr(doc, name, "tansu"))
+        vs = f"{rr:.2f}x" if rr else "-"
+    cpu = thr["cpu"]
+    return [mb(thr), _f(thr["records_per_s"], 0), vs,
+            _f(thr.get("batch_records_avg"), 0) if "batch_records_avg" in thr else "",
+            f"{cpu['broker_pct']:.0f}%", f"{cpu['clients_pct']:.0f}%", f"{cpu['others_pct']:.0f}%",
+            thr["limited_by"]], lat, None
+
+
 def write_html(doc: dict[str, Any], out: Path, chart_list: list[tuple[str, str, Chart]]) -> Path:
     cond = doc["conditions"]
     plan = cond["plan"]
@@ -370,25 +381,15 @@ def write_html(doc: dict[str, Any], out: Path, chart_list: list[tuple[str, str, 
     rows_html = []
     for name, row in doc["rows"].items():
         for i, broker in enumerate(names):
-            entry = row["brokers"].get(broker, {})
-            thr = entry.get("throughput")
-            lat = [e(latency_cell(entry.get("latency", {}).get(f))) for f in fractions]
+            cells, lat, error = _workload_cells(doc, name, broker, fractions)
+            lat = [e(c) for c in lat]
             label = e(row["label"]) if i == 0 else ""
-            if thr is None:
-                rows_html.append([label, e(broker), f'<span class="bad">{e(entry.get("error", "not run"))}</span>',
-                                  *[""] * 7, *lat])
+            if error is not None:
+                rows_html.append([label, e(broker), f'<span class="bad">{e(error)}</span>', *[""] * 7, *lat])
                 continue
-            vs = ""
-            if broker == "oncelog" and "tansu" in names:
-                rr = ratio(thr["records_per_s"], _thr(doc, name, "tansu"))
-                vs = f"{rr:.2f}x" if rr else "-"
-            cpu = thr["cpu"]
-            rows_html.append([label, e(broker), mb(thr), _f(thr["records_per_s"], 0), vs,
-                              _f(thr.get("batch_records_avg"), 0) if "batch_records_avg" in thr else "",
-                              f"{cpu['broker_pct']:.0f}%", f"{cpu['clients_pct']:.0f}%",
-                              f"{cpu['others_pct']:.0f}%",
-                              f'<span title="{e(LIMIT_TEXT.get(thr["limited_by"], ""))}">{e(thr["limited_by"])}'
-                              "</span>", *lat])
+            limited_by = cells[-1]
+            rows_html.append([label, e(broker), *map(e, cells[:-1]),
+                              f'<span title="{e(LIMIT_TEXT.get(limited_by, ""))}">{e(limited_by)}</span>', *lat])
     main = _html_table(["workload", "broker", "MB/s", "records/s", "vs tansu", "records/batch", "CPU broker",
                         "CPU clients", "CPU others", "limited by",
                         *[f"p50 / p99 / p99.9 ms at {f} of peak" for f in fractions]], rows_html)
