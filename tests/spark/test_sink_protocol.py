@@ -152,13 +152,9 @@ def test_the_topic_option_overrides_a_topic_column_as_in_spark(broker: BrokerPro
 def small_max_timeout_broker(tmp_path):  # type: ignore[no-untyped-def]
     from oncelog.testing.broker_process import oncelog_broker
 
-    b = oncelog_broker(tmp_path / "data", "--auto-create-topics", "--transaction-max-timeout-ms", "100000",
-                       log_path=tmp_path / "broker.log")
-    b.start()
-    try:
+    with oncelog_broker(tmp_path / "data", "--auto-create-topics", "--transaction-max-timeout-ms", "100000",
+                        log_path=tmp_path / "broker.log").start() as b:
         yield b
-    finally:
-        b.kill()
 
 
 def test_a_new_producer_made_on_a_guess_is_replaced_when_refused_or_too_small(

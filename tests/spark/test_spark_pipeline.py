@@ -23,12 +23,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def mod_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     d = tmp_path_factory.mktemp("spark-broker")
-    b = oncelog_broker(d / "data", "--auto-create-topics", log_path=d / "broker.log")
-    b.start()
-    try:
+    with oncelog_broker(d / "data", "--auto-create-topics", log_path=d / "broker.log").start() as b:
         yield b
-    finally:
-        b.kill()
 
 
 @pytest.fixture(scope="module")
