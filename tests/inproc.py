@@ -19,11 +19,10 @@ from oncelog.clock import ManualClock
 from oncelog.protocol import records as rb
 from oncelog.protocol.messages import (
     build,
-    build_response,
     decode_request,
     decode_response,
     encode_request,
-    encode_response,
+    encode_result,
     request_type,
 )
 from oncelog.server.broker import Broker
@@ -97,15 +96,9 @@ class InProcessBroker:
             result = self.loop.run_until_complete(result)
         if result is None:
             return None
-        if isinstance(result, dict):
-            if api_key == API_FETCH:
-                from oncelog.protocol.messages import encode_fetch_response
-
-                parts = encode_fetch_response(version, self._corr, result)
-                data = b"".join(bytes(p) for p in parts)
-                return decode_response(api_key, version, data[4:])[1]
-            result = build_response(api_key, version, result)
-        data = encode_response(api_key, version, self._corr, result)
+        data = encode_result(api_key, version, self._corr, result)
+        if isinstance(data, list):  # a Fetch response's buffers
+            data = b"".join(bytes(p) for p in data)
         return decode_response(api_key, version, data[4:])[1]
 
     # --- conveniences --------------------------------------------------------------------------------

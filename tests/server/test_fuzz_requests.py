@@ -21,11 +21,9 @@ from oncelog.protocol import records as rb
 from oncelog.protocol.errors import MalformedRequestError, UnsupportedVersionError
 from oncelog.protocol.messages import (
     build,
-    build_response,
     decode_request,
-    encode_fetch_response,
     encode_request,
-    encode_response,
+    encode_result,
     request_type,
 )
 from oncelog.protocol.versions import SUPPORTED_VERSIONS
@@ -85,11 +83,8 @@ def handle(ib: InProcessBroker, frame: bytes, corr: int) -> bytes | None:
             return None
     if result is None:
         return None
-    if req.api_key == 1 and isinstance(result, dict):
-        return b"".join(bytes(p) for p in encode_fetch_response(req.api_version, corr, result))
-    if isinstance(result, dict):
-        result = build_response(req.api_key, req.api_version, result)
-    return encode_response(req.api_key, req.api_version, corr, result)
+    data = encode_result(req.api_key, req.api_version, corr, result)
+    return b"".join(bytes(p) for p in data) if isinstance(data, list) else data
 
 
 def stored_batches_are_valid(ib: InProcessBroker) -> int:

@@ -145,6 +145,19 @@ def _null_array(entity: Any, entity_type: type) -> str | None:
     return None
 
 
+class EncodedResponse:
+    """A response frame encoded once and served again (a cached Metadata answer): only its
+    correlation id (bytes 4 to 8 of the frame, right after the size) changes between requests."""
+
+    __slots__ = ("_frame",)
+
+    def __init__(self, frame: bytes) -> None:
+        self._frame = frame
+
+    def frame(self, correlation_id: int) -> bytes:
+        return self._frame[:4] + struct.pack(">i", correlation_id) + self._frame[8:]
+
+
 def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
     """The full length-prefixed response frame."""
     resp_t = response_type(api_key, api_version)
@@ -281,6 +294,7 @@ def td_ms(value: Any) -> int:
 
 
 # --- Fetch responses without copying record sets ------------------------------------------------
+API_PRODUCE = 0
 API_FETCH = 1
 FETCH_FLEXIBLE_FROM = 12
 SPLICE_MIN_BYTES = 64 * 1024
@@ -341,3 +355,20 @@ def encode_fetch_response(api_version: int, correlation_id: int, data: Mapping[s
     size = sum(len(b) for b in out) - 4
     out[0] = struct.pack(">i", size) + out[0][4:]
     return out
+
+
+def encode_result(api_key: int, api_version: int, correlation_id: int, result: Any) -> bytes | list[Any]:
+    """A handler's result as the response frame the connection writes: an ``EncodedResponse``
+    with this correlation id; Produce and Fetch data by their own writers (Fetch as a list of
+    buffers for ``writelines``); other data or a kio entity through kio."""
+    if isinstance(result, EncodedResponse):
+        return result.frame(correlation_id)
+    if isinstance(result, Mapping):
+        if api_key == API_PRODUCE:
+            from oncelog.protocol.produce_response import encode_produce_response
+
+            return encode_produce_response(api_version, correlation_id, result)
+        if api_key == API_FETCH:
+            return encode_fetch_response(api_version, correlation_id, result)
+        result = build_response(api_key, api_version, result)
+    return encode_response(api_key, api_version, correlation_id, result)

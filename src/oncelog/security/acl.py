@@ -176,6 +176,7 @@ class Authorizer:
         self.super_users = frozenset(super_users)
         self.allow_everyone_if_no_acl_found = allow_everyone_if_no_acl_found
         self.bindings: list[AclBinding] = []
+        self.generation = 0  # bumped by every change of the bindings (answers cached on them check it)
         if path is not None:
             raw = fileio.read_file(path)
             if raw is not None:
@@ -235,6 +236,7 @@ class Authorizer:
                 self.bindings.append(b)
                 added = True
         if added:
+            self.generation += 1
             self._save()
         return errors
 
@@ -248,6 +250,7 @@ class Authorizer:
             gone.update(hit)
         if gone:
             self.bindings = [b for b in self.bindings if b not in gone]
+            self.generation += 1
             self._save()
         return removed
 

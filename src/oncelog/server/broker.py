@@ -129,6 +129,9 @@ class Broker:
             self.authorizer = Authorizer(
                 config.data_dir / "__meta" / "acls.json", config.super_user_set,
                 config.allow_everyone_if_no_acl_found) if config.authorizer_enabled else None
+            from oncelog.server.handlers.metadata import MetadataCache
+
+            self.metadata_cache = MetadataCache()
             clean = self._take_clean_shutdown_marker()
             self.coordination = Coordination(self)
             self.coordination.load(clean_shutdown=clean)

@@ -45,11 +45,10 @@ from oncelog.protocol.errors import (
 )
 from oncelog.protocol.frames import FrameDecoder, FrameError
 from oncelog.protocol.messages import (
-    API_FETCH,
     build_response,
     decode_request,
-    encode_fetch_response,
     encode_response,
+    encode_result,
     peek_header,
 )
 from oncelog.protocol.versions import API_API_VERSIONS, api_name
@@ -63,6 +62,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("oncelog.server")
 
 CLOSE_LINGER_S = 0.2  # between a connection's last answer and its close (see _close_after_linger)
+WRITE_BATCH_BYTES = 256 * 1024  # responses of one pass over the queue are written together up to this
 
 class KafkaConnection(asyncio.Protocol):
     def __init__(self, broker: Broker) -> None:
@@ -86,6 +86,8 @@ class KafkaConnection(asyncio.Protocol):
         # SASL: None when the listener does not authenticate (PLAINTEXT/SSL).
         self.authenticator: SaslServerAuthenticator | None = broker.security.new_authenticator()
         self.close_after_response = False  # set by a handler: this response is the last one
+        self._pending: list[Any] = []  # responses not yet handed to the transport (see _drain)
+        self._pending_bytes = 0
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -163,6 +165,7 @@ class KafkaConnection(asyncio.Protocol):
             self.reading_paused = False
 
     def close(self) -> None:
+        self._send_pending()  # the answers to earlier requests still go out, then the close
         self.closed = True
         if self.transport is not None:
             self.transport.close()
@@ -175,8 +178,13 @@ class KafkaConnection(asyncio.Protocol):
 
     # --- request processing -------------------------------------------------------------------
     async def _drain(self) -> None:
+        """Handle the queued frames in order. Responses are written once per pass over the queue
+        (one writev for the requests that arrived together, not a send per response); whatever is
+        pending goes out before anything that can wait (a handler's fsync, a full send buffer, a
+        throttle) and before the connection closes, so batching never delays an answer behind a wait."""
         while self.frames and not self.closed:
             if not self.writable.is_set():
+                self._send_pending()
                 await self.writable.wait()
                 if self.closed:
                     return
@@ -203,23 +211,38 @@ class KafkaConnection(asyncio.Protocol):
                 self.close()
                 return
             if out is not None and self.transport is not None and not self.closed:
-                if isinstance(out, list):
-                    self.transport.writelines(out)  # a Fetch response with its record sets unjoined
+                if isinstance(out, list):  # a Fetch response with its record sets unjoined
+                    self._pending.extend(out)
+                    self._pending_bytes += sum(len(b) for b in out)
                 else:
-                    self.transport.write(out)
+                    self._pending.append(out)
+                    self._pending_bytes += len(out)
                 self.last_active = time.monotonic()
             if self.close_after_response:
+                self._send_pending()
                 self._close_after_linger()
                 return
             if self.throttle_ms > 0:
                 # KIP-219: the response went out with its throttle time; mute until it has passed.
+                self._send_pending()
                 delay, self.throttle_ms = self.throttle_ms, 0
                 await asyncio.sleep(delay / 1000)
+            if not self.frames or self._pending_bytes >= WRITE_BATCH_BYTES:
+                self._send_pending()
+        self._send_pending()
+
+    def _send_pending(self) -> None:
+        if self._pending:
+            if self.transport is not None and not self.closed:
+                self.transport.writelines(self._pending)
+            self._pending = []
+            self._pending_bytes = 0
 
     async def _handle_frame(self, frame: bytes) -> bytes | list[Any] | None:
         broker = self.broker
         auth = self.authenticator
         if auth is not None and auth.expects_raw_token:  # after SaslHandshake v0: a bare token, no header
+            self._send_pending()
             return await handle_raw_token(broker, self, auth, frame)
         if auth is not None and not auth.complete and not self._may_handle_before_authentication(frame, auth):
             self.close()
@@ -236,16 +259,13 @@ class KafkaConnection(asyncio.Protocol):
         request = dataclasses.replace(request, session=self)
         result: Any = handler(broker, request)
         if inspect.isawaitable(result):
+            self._send_pending()  # earlier answers do not wait for this one's fsync
             result = await result
         if result is None:  # acks=0 produce: no response at all
             return None
         if auth is not None and request.api_key == API_API_VERSIONS:
             auth.api_versions_answered()  # Kafka: after ApiVersions, SaslHandshake must follow
-        if request.api_key == API_FETCH and isinstance(result, dict):
-            return encode_fetch_response(request.api_version, request.correlation_id, result)
-        if isinstance(result, dict):
-            result = build_response(request.api_key, request.api_version, result)
-        return encode_response(request.api_key, request.api_version, request.correlation_id, result)
+        return encode_result(request.api_key, request.api_version, request.correlation_id, result)
 
     def _may_handle_before_authentication(self, frame: bytes, auth: SaslServerAuthenticator) -> bool:
         """Kafka's SaslServerAuthenticator: only the request the SASL state expects, checked before the

@@ -2,6 +2,10 @@
 
 The broker reports itself as the only node, leader of every partition, with its leader epoch
 (bumped at each start, see ``leader_epochs``): clients use it to detect a log that lost its tail.
+
+Metadata answers are cached encoded (``MetadataCache``): a 1,000-partition topic takes about 18 ms
+to build and encode, and librdkafka asks again for every partition whose records time out, so under
+overload uncached answers ate the broker (a 100-producer run spent 95% of its CPU on them).
 """
 
 from __future__ import annotations
@@ -9,9 +13,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol.errors import ErrorCode
-from oncelog.protocol.messages import Request
+from oncelog.protocol.messages import EncodedResponse, Request, build_response, encode_response
+from oncelog.protocol.versions import API_METADATA
 from oncelog.security.acl import CLUSTER_NAME
-from oncelog.server.authz import Op, R, allowed, authorized_operations, create_topic_allowed
+from oncelog.server.authz import Op, R, allowed, authorized_operations, create_topic_allowed, principal_and_host
 from oncelog.server.topics import ensure_topic, topic_error
 
 if TYPE_CHECKING:
@@ -41,7 +46,69 @@ def topic_metadata(broker: Broker, req: Request, name: str, info: Any) -> dict[s
     }
 
 
-def handle_metadata(broker: Broker, req: Request) -> dict[str, Any]:
+class MetadataCache:
+    """Encoded Metadata answers keyed by everything an answer is computed from: the request's
+    version, topics and flags; the principal and host and the ACLs' generation when an authorizer is
+    on; the leader epoch; and, for each topic in the answer, its name, id, partition count and
+    internal flag. A key therefore changes whenever the answer would, and a stale entry is never
+    served. Only answers about existing topics are cached (no auto-creation, no error path).
+    Bounded: cleared when it holds ``MAX_ENTRIES``."""
+
+    MAX_ENTRIES = 256
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[Any, ...], EncodedResponse] = {}
+
+    def key(self, broker: Broker, req: Request) -> tuple[Any, ...] | None:
+        body = req.body
+        all_topics = broker.logs.topics()
+        requested = body.topics
+        if requested is None or (req.api_version == 0 and len(requested) == 0):
+            infos: Any = sorted(all_topics.items())
+            names: Any = None
+        else:
+            names = []
+            for t in requested:
+                if t.name is None or t.name not in all_topics:
+                    return None
+                names.append(t.name)
+            infos = [(n, all_topics[n]) for n in names]
+        authorizer = broker.authorizer
+        who = None if authorizer is None else (*principal_and_host(req), authorizer.generation)
+        return (req.api_version, None if names is None else tuple(names),
+                getattr(body, "allow_auto_topic_creation", True),
+                bool(getattr(body, "include_topic_authorized_operations", False)),
+                bool(getattr(body, "include_cluster_authorized_operations", False)),
+                who, broker.logs.leader_epoch,
+                tuple((n, info.topic_id, info.num_partitions, info.is_internal) for n, info in infos))
+
+    def get(self, key: tuple[Any, ...] | None) -> EncodedResponse | None:
+        return None if key is None else self.entries.get(key)
+
+    def put(self, key: tuple[Any, ...], response: EncodedResponse) -> None:
+        if len(self.entries) >= self.MAX_ENTRIES:
+            self.entries.clear()
+        self.entries[key] = response
+
+
+def handle_metadata(broker: Broker, req: Request) -> dict[str, Any] | EncodedResponse:
+    """Served from ``broker.metadata_cache`` when the same answer was computed before; otherwise
+    computed, and cached when it named only existing topics (its key did not change meanwhile)."""
+    cache: MetadataCache = broker.metadata_cache
+    key = cache.key(broker, req)
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    data = compute_metadata(broker, req)
+    if key is None or cache.key(broker, req) != key:
+        return data
+    encoded = EncodedResponse(encode_response(API_METADATA, req.api_version, 0,
+                                              build_response(API_METADATA, req.api_version, data)))
+    cache.put(key, encoded)
+    return encoded
+
+
+def compute_metadata(broker: Broker, req: Request) -> dict[str, Any]:
     """Topics the principal may not DESCRIBE are left out of an all-topics answer and answered
     TOPIC_AUTHORIZATION_FAILED when named; auto-creation needs CREATE (Kafka's rules)."""
     body = req.body
