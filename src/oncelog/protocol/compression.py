@@ -15,7 +15,6 @@ import struct
 import sys
 import zlib
 from collections.abc import Iterator
-from dataclasses import replace
 from types import ModuleType
 
 import cramjam
@@ -101,7 +100,7 @@ def record_timestamps(batch: bytes | memoryview, header: rb.BatchHeader) -> Iter
         yield from rb.record_timestamps(batch, 0, header)
         return
     plain = bytes(rb.HEADER_SIZE) + decompress(codec_of(header), memoryview(batch)[rb.HEADER_SIZE : header.size])
-    plain_header = replace(header, attributes=header.attributes & ~rb.ATTR_COMPRESSION_MASK,
+    plain_header = header._replace(attributes=header.attributes & ~rb.ATTR_COMPRESSION_MASK,
                            batch_length=len(plain) - rb.LOG_OVERHEAD)
     yield from rb.record_timestamps(plain, 0, plain_header)
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import crc32c
@@ -76,9 +75,9 @@ class RecordsTooLargeError(InvalidRecordError):
     error_code = ErrorCode.message_too_large
 
 
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
-    """The decoded 61-byte header of one RecordBatch v2."""
+class BatchHeader(NamedTuple):
+    """The decoded 61-byte header of one RecordBatch v2 (a named tuple: built in C, since every
+    produced batch's header is read two or three times on the broker's hot path)."""
 
     base_offset: int
     batch_length: int
