@@ -98,3 +98,25 @@ def test_a_repeated_request_is_served_from_the_cache(tmp_path: Path) -> None:
         assert len(grown.topics[0].partitions) == 1001
     finally:
         b.close()
+
+
+def test_the_cache_is_bounded_in_answers_and_bytes(tmp_path: Path) -> None:
+    from oncelog.server.handlers.metadata import MetadataCache
+
+    b = InProcessBroker(tmp_path / "d")
+    try:
+        for i in range(40):
+            b.broker.logs.create_topic(f"t{i}", 8, {})
+        cache: MetadataCache = b.broker.metadata_cache
+        cache.MAX_BYTES = 4 * 1024  # type: ignore[misc]
+        for i in range(40):
+            handle_metadata(b.broker, _metadata_request(b, 12, "User:x", [f"t{i}", f"t{(i + 1) % 40}"], False))  # type: ignore[arg-type]
+            assert cache.bytes <= cache.MAX_BYTES
+            assert cache.bytes == sum(len(r.frame(0)) for r in cache.entries.values())
+        cache.MAX_BYTES = MetadataCache.MAX_BYTES  # type: ignore[misc]
+        for i in range(MetadataCache.MAX_ENTRIES + 10):  # distinct keys: the entry bound clears it
+            names = [f"t{i % 40}", f"t{(i // 40) % 40}"]
+            handle_metadata(b.broker, _metadata_request(b, 1 + i % 12, "User:x", names, False))  # type: ignore[arg-type]
+            assert 0 < len(cache.entries) <= MetadataCache.MAX_ENTRIES
+    finally:
+        b.close()

@@ -52,12 +52,14 @@ class MetadataCache:
     on; the leader epoch; and, for each topic in the answer, its name, id, partition count and
     internal flag. A key therefore changes whenever the answer would, and a stale entry is never
     served. Only answers about existing topics are cached (no auto-creation, no error path).
-    Bounded: cleared when it holds ``MAX_ENTRIES``."""
+    Bounded: cleared before it would hold more than ``MAX_ENTRIES`` answers or ``MAX_BYTES``."""
 
     MAX_ENTRIES = 256
+    MAX_BYTES = 32 * 1024 * 1024
 
     def __init__(self) -> None:
         self.entries: dict[tuple[Any, ...], EncodedResponse] = {}
+        self.bytes = 0
 
     def key(self, broker: Broker, req: Request) -> tuple[Any, ...] | None:
         body = req.body
@@ -86,9 +88,14 @@ class MetadataCache:
         return None if key is None else self.entries.get(key)
 
     def put(self, key: tuple[Any, ...], response: EncodedResponse) -> None:
-        if len(self.entries) >= self.MAX_ENTRIES:
+        size = len(response.frame(0))
+        if size > self.MAX_BYTES:
+            return
+        if len(self.entries) >= self.MAX_ENTRIES or self.bytes + size > self.MAX_BYTES:
             self.entries.clear()
+            self.bytes = 0
         self.entries[key] = response
+        self.bytes += size
 
 
 def handle_metadata(broker: Broker, req: Request) -> dict[str, Any] | EncodedResponse:
