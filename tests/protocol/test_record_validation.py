@@ -31,18 +31,9 @@ MESSAGE_TOO_LARGE = ErrorCode.message_too_large
 
 # --- building batches, good and bad ----------------------------------------------------------------
 
-def uvarint(raw: int) -> bytes:
-    out = bytearray()
-    while raw >= 0x80:
-        out.append((raw & 0x7F) | 0x80)
-        raw >>= 7
-    out.append(raw)
-    return bytes(out)
-
-
 def zz(v: int) -> bytes:
     """Zig-zag varint of a signed value (any width)."""
-    return uvarint((v << 1) ^ (v >> 63) if v >= 0 else ((-v) << 1) - 1)
+    return r.encode_uvarint((v << 1) ^ (v >> 63) if v >= 0 else ((-v) << 1) - 1)
 
 
 def raw_record(body: bytes) -> bytes:
@@ -208,7 +199,7 @@ GOLDEN: list[tuple[str, Callable[[], bytes], int, str]] = [
      INVALID_RECORD, "gzip records do not decompress"),
     ("snappy garbage", lambda: batch_of(b"\x10\xff\xfe\xfd\xfc\xfb\xfa", 1, attributes=2), INVALID_RECORD,
      "snappy records do not decompress"),
-    ("snappy claiming 4 GiB", lambda: batch_of(uvarint(0xFFFFFFFF) + b"\x00" * 10, 1, attributes=2),
+    ("snappy claiming 4 GiB", lambda: batch_of(r.encode_uvarint(0xFFFFFFFF) + b"\x00" * 10, 1, attributes=2),
      MESSAGE_TOO_LARGE, "inflate past"),
     ("xerial chunk past the payload", lambda: batch_of(xerial(records_of([body(0)]))[:-2], 1, attributes=2),
      INVALID_RECORD, "snappy records do not decompress"),

@@ -32,6 +32,7 @@ from kio.static.primitive import i32Timedelta, i64Timedelta
 
 from oncelog.protocol.bounds import check_lengths
 from oncelog.protocol.errors import MalformedRequestError, UnknownApiKeyError, UnsupportedVersionError
+from oncelog.protocol.records import encode_uvarint
 from oncelog.protocol.versions import SUPPORTED_VERSIONS
 
 _PEEK = struct.Struct(">hhi")
@@ -301,15 +302,6 @@ SPLICE_MIN_BYTES = 64 * 1024
 _MARKER_PREFIX = b"\xfe\x00oncelog"  # + 7 random bytes: 16 bytes that no encoded field can equal
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def encode_fetch_response(api_version: int, correlation_id: int, data: Mapping[str, Any]) -> list[Any]:
     """A Fetch response frame as a list of buffers for ``writelines``.
 
@@ -345,7 +337,7 @@ def encode_fetch_response(api_version: int, correlation_id: int, data: Mapping[s
         if flexible:
             if frame[i - 1] != len(marker) + 1:
                 raise AssertionError("unexpected encoding of a spliced record set")
-            out += [frame[pos:i - 1] + _uvarint(len(rec) + 1), rec]
+            out += [frame[pos:i - 1] + encode_uvarint(len(rec) + 1), rec]
         else:
             if frame[i - 4:i] != struct.pack(">i", len(marker)):
                 raise AssertionError("unexpected encoding of a spliced record set")

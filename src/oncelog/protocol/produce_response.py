@@ -17,6 +17,8 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
+from oncelog.protocol.records import encode_uvarint
+
 MIN_VERSION, MAX_VERSION = 3, 9
 FLEXIBLE_FROM = 9
 
@@ -26,20 +28,9 @@ _PART_V3 = struct.Struct(">ihqq")  # index, error_code, base_offset, log_append_
 _PART_V5 = struct.Struct(">ihqqq")  # + log_start_offset
 
 
-def _uvarint(n: int) -> bytes:
-    if n < 0x80:
-        return bytes((n,))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _string(s: str, flexible: bool) -> bytes:
     b = s.encode()
-    return _uvarint(len(b) + 1) + b if flexible else _I16.pack(len(b)) + b
+    return encode_uvarint(len(b) + 1) + b if flexible else _I16.pack(len(b)) + b
 
 
 def _nullable_string(s: str | None, flexible: bool) -> bytes:
@@ -49,7 +40,7 @@ def _nullable_string(s: str | None, flexible: bool) -> bytes:
 
 
 def _array_length(n: int, flexible: bool) -> bytes:
-    return _uvarint(n + 1) if flexible else _I32.pack(n)
+    return encode_uvarint(n + 1) if flexible else _I32.pack(n)
 
 
 def encode_produce_response(api_version: int, correlation_id: int, data: Mapping[str, Any]) -> bytes:

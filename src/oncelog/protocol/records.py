@@ -390,18 +390,22 @@ def set_log_append_time(buf: bytearray, pos: int, timestamp_ms: int) -> None:
     struct.pack_into(">I", buf, pos + 17, crc)
 
 
+def encode_uvarint(n: int) -> bytes:
+    """Unsigned varint (7 bits a byte, low first): compact lengths of the flexible protocol
+    versions, and the body of ``encode_varint``. ``n`` must not be negative."""
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
 def encode_varint(value: int) -> bytes:
     """Zig-zag varint as RecordBatch v2 records use."""
-    v = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while True:
-        byte = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    return encode_uvarint((value << 1) ^ (value >> 63))
 
 
 def encode_record(offset_delta: int, timestamp_delta: int, key: bytes | None, value: bytes | None,
