@@ -112,7 +112,7 @@ def test_the_cache_is_bounded_in_answers_and_bytes(tmp_path: Path) -> None:
         for i in range(40):
             handle_metadata(b.broker, _metadata_request(b, 12, "User:x", [f"t{i}", f"t{(i + 1) % 40}"], False))  # type: ignore[arg-type]
             assert cache.bytes <= cache.MAX_BYTES
-            assert cache.bytes == sum(len(r.frame(0)) for r in cache.entries.values())
+            assert cache.bytes == sum(len(r) for r in cache.entries.values())
         cache.MAX_BYTES = MetadataCache.MAX_BYTES  # type: ignore[misc]
         for i in range(MetadataCache.MAX_ENTRIES + 10):  # distinct keys: the entry bound clears it
             names = [f"t{i % 40}", f"t{(i // 40) % 40}"]

@@ -32,8 +32,9 @@ from kio.static.primitive import i32Timedelta, i64Timedelta
 
 from oncelog.protocol.bounds import check_lengths
 from oncelog.protocol.errors import MalformedRequestError, UnknownApiKeyError, UnsupportedVersionError
+from oncelog.protocol.produce_response import encode_produce_response
 from oncelog.protocol.records import encode_uvarint
-from oncelog.protocol.versions import SUPPORTED_VERSIONS
+from oncelog.protocol.versions import API_FETCH, API_PRODUCE, SUPPORTED_VERSIONS
 
 _PEEK = struct.Struct(">hhi")
 
@@ -154,6 +155,9 @@ class EncodedResponse:
 
     def __init__(self, frame: bytes) -> None:
         self._frame = frame
+
+    def __len__(self) -> int:
+        return len(self._frame)
 
     def frame(self, correlation_id: int) -> bytes:
         return self._frame[:4] + struct.pack(">i", correlation_id) + self._frame[8:]
@@ -295,8 +299,6 @@ def td_ms(value: Any) -> int:
 
 
 # --- Fetch responses without copying record sets ------------------------------------------------
-API_PRODUCE = 0
-API_FETCH = 1
 FETCH_FLEXIBLE_FROM = 12
 SPLICE_MIN_BYTES = 64 * 1024
 _MARKER_PREFIX = b"\xfe\x00oncelog"  # + 7 random bytes: 16 bytes that no encoded field can equal
@@ -357,8 +359,6 @@ def encode_result(api_key: int, api_version: int, correlation_id: int, result: A
         return result.frame(correlation_id)
     if isinstance(result, Mapping):
         if api_key == API_PRODUCE:
-            from oncelog.protocol.produce_response import encode_produce_response
-
             return encode_produce_response(api_version, correlation_id, result)
         if api_key == API_FETCH:
             return encode_fetch_response(api_version, correlation_id, result)

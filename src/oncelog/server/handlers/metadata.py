@@ -88,7 +88,7 @@ class MetadataCache:
         return None if key is None else self.entries.get(key)
 
     def put(self, key: tuple[Any, ...], response: EncodedResponse) -> None:
-        size = len(response.frame(0))
+        size = len(response)
         if size > self.MAX_BYTES:
             return
         if len(self.entries) >= self.MAX_ENTRIES or self.bytes + size > self.MAX_BYTES:
@@ -100,14 +100,15 @@ class MetadataCache:
 
 def handle_metadata(broker: Broker, req: Request) -> dict[str, Any] | EncodedResponse:
     """Served from ``broker.metadata_cache`` when the same answer was computed before; otherwise
-    computed, and cached when it named only existing topics (its key did not change meanwhile)."""
+    computed, and cached when it has a key. A key exists only when every named topic exists, so
+    computing such an answer creates nothing and changes nothing the key holds."""
     cache: MetadataCache = broker.metadata_cache
     key = cache.key(broker, req)
     hit = cache.get(key)
     if hit is not None:
         return hit
     data = compute_metadata(broker, req)
-    if key is None or cache.key(broker, req) != key:
+    if key is None:
         return data
     encoded = EncodedResponse(encode_response(API_METADATA, req.api_version, 0,
                                               build_response(API_METADATA, req.api_version, data)))
