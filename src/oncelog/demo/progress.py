@@ -72,22 +72,18 @@ class DemoProgress:
             p.detail = self._run_detail(g)
         self._changed(p)
 
-    def killed(self, g: str, commit_window: bool) -> None:
+    def _count(self, g: str, counter: dict[str, int]) -> None:
         with self._lock:
-            if commit_window:
-                self.commit_window_kills[g] += 1
-            else:
-                self.kills[g] += 1
+            counter[g] += 1
             p = self.phases[g]
             p.detail = self._run_detail(g)
         self._changed(p)
 
+    def killed(self, g: str, commit_window: bool) -> None:
+        self._count(g, self.commit_window_kills if commit_window else self.kills)
+
     def restarted(self, g: str) -> None:
-        with self._lock:
-            self.restarts[g] += 1
-            p = self.phases[g]
-            p.detail = self._run_detail(g)
-        self._changed(p)
+        self._count(g, self.restarts)
 
     def run_finished(self, g: str) -> None:
         with self._lock:
