@@ -93,3 +93,20 @@ def test_api_versions_at_an_unknown_version_gets_error_35_in_a_v0_body(broker: B
     s.sendall(encode_request(18, 0, 43, ApiVersionsV0()))
     corr, body = decode_response(18, 0, _recv_frame(s))
     assert corr == 43 and body.error_code == 0
+
+
+def test_answers_to_pipelined_requests_arrive_in_order_before_a_bad_frame_closes(broker: BrokerProcess) -> None:
+    """Responses of requests that arrived together are written together (one writev per pass over
+    the queue): those before a malformed frame must still go out, in order, before the close."""
+    s = _connect(broker)
+    good = [encode_request(18, 0, 100 + i, ApiVersionsV0()) for i in range(3)]
+    good.append(encode_request(3, 12, 103, MetadataRequest(topics=None, allow_auto_topic_creation=False,
+                                                           include_topic_authorized_operations=False)))
+    garbage = struct.pack(">i", 14) + struct.pack(">hhi", 3, 12, 104) + b"\xff\xff\xff\xff\xff\xff"
+    s.sendall(b"".join(good) + garbage)
+    for i in range(3):
+        corr, body = decode_response(18, 0, _recv_frame(s))
+        assert corr == 100 + i and body.error_code == 0
+    corr, body = decode_response(3, 12, _recv_frame(s))
+    assert corr == 103 and body.brokers[0].port == broker.port
+    assert _closed(s)
