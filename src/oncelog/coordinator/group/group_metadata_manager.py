@@ -22,6 +22,7 @@ exactly one member of ``members``.
 
 from __future__ import annotations
 
+import heapq
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -74,6 +75,12 @@ class GroupMetadataManager:
         self.logged: dict[str, bytes] = {}
         self.loading = False
         self._records: list[Record] = []
+        # Group timers (see ``tick``): a heap of (deadline, group id), where an entry counts only
+        # while ``_scheduled`` holds the same deadline for that group, and the groups changed since
+        # the last tick.
+        self._timers: list[tuple[int, str]] = []
+        self._scheduled: dict[str, int] = {}
+        self._touched: set[str] = set()
 
     # --- records ------------------------------------------------------------------------------------
     def _emit_group(self, g: GroupMetadata) -> None:
@@ -106,6 +113,7 @@ class GroupMetadataManager:
         now = self.clock.now_ms()
         if not group_id:
             return respond(JoinResult(ErrorCode.invalid_group_id, member_id=member_id))
+        self._touch(group_id)
         if not self.min_session_ms <= session_timeout_ms <= self.max_session_ms:
             return respond(JoinResult(ErrorCode.invalid_session_timeout, member_id=member_id))
         rebalance_timeout_ms = rebalance_timeout_ms if rebalance_timeout_ms > 0 else session_timeout_ms
@@ -304,6 +312,7 @@ class GroupMetadataManager:
         """Kafka's classic SyncGroup: member (and instance), then generation, then state. The leader's
         SyncGroup in CompletingRebalance sets every member's assignment and makes the group Stable."""
         now = self.clock.now_ms()
+        self._touch(group_id)
         g = self.groups.get(group_id)
         if g is None:
             return respond(SyncResult(ErrorCode.unknown_member_id))
@@ -354,6 +363,7 @@ class GroupMetadataManager:
         member (an admin's removal); otherwise the member must pass ``validate_member``. Results carry
         the member ids as the request gave them."""
         now = self.clock.now_ms()
+        self._touch(group_id)
         g = self.groups.get(group_id)
         if g is None:
             return ErrorCode.unknown_member_id, [(mid, iid, ErrorCode.unknown_member_id) for mid, iid in members]
@@ -395,30 +405,70 @@ class GroupMetadataManager:
         DelayedHeartbeat does (not a tick later: a client that waits exactly a session timeout
         and then deletes the group, as librdkafka's 0081 does, must find it empty). Returns the
         earliest deadline still ahead (a member's session, a pending member id, a rebalance's
-        initial delay or deadline), or None, so that the caller runs the next tick on time."""
+        initial delay or deadline), or None, so that the caller runs the next tick on time.
+
+        A tick visits only the groups that are due or were changed since the last tick, not every
+        member of every group: each visited group is scheduled again at the earliest deadline it
+        holds. That is sound because a deadline can only move later without a visit: a heartbeat
+        (or a commit counting as one) moves its member's deadline later and is the one change that
+        does not mark its group; what can bring a deadline nearer (JoinGroup: a new member, a rebalance
+        and its deadlines, a pending member id; LeaveGroup: a rebalance; loading) goes through
+        :meth:`_touch`, and so does SyncGroup, which only ends waits. A group scheduled too early is
+        visited, finds nothing due and is scheduled again. ``tests/coordinator/test_group_timers.py``
+        checks all this against a full scan."""
         now = self.clock.now_ms()
+        visit, self._touched = self._touched, set()
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            due, gid = heapq.heappop(timers)
+            if self._scheduled.get(gid) == due:
+                del self._scheduled[gid]
+                visit.add(gid)
+        for gid in sorted(visit):
+            g = self.groups.get(gid)
+            if g is None:
+                self._scheduled.pop(gid, None)
+                continue
+            nxt = self._tick_group(g, now)
+            if nxt is None:
+                self._scheduled.pop(gid, None)
+            elif self._scheduled.get(gid) != nxt:
+                self._scheduled[gid] = nxt
+                heapq.heappush(timers, (nxt, gid))
+        if len(timers) > 2 * len(self._scheduled) + 64:  # drop superseded entries
+            self._timers = timers = [(due, gid) for gid, due in self._scheduled.items()]
+            heapq.heapify(timers)
+        while timers and self._scheduled.get(timers[0][1]) != timers[0][0]:
+            heapq.heappop(timers)
+        return timers[0][0] if timers else None
+
+    def _touch(self, group_id: str) -> None:
+        """The group changed in a way that may bring one of its deadlines nearer: the next tick visits it."""
+        self._touched.add(group_id)
+
+    def _tick_group(self, g: GroupMetadata, now: int) -> int | None:
+        """One group's timers at ``now``; returns its earliest deadline still ahead, or None."""
         upcoming: list[int] = []
-        for g in list(self.groups.values()):
-            for pid, expiry in list(g.pending_members.items()):
-                if now >= expiry:
-                    del g.pending_members[pid]
-                else:
-                    upcoming.append(expiry)
-            # Session expiry applies in every state, rebalances included: a dead member must not hold
-            # a rebalance until the (much longer) rebalance timeout.
-            # Members parked in JoinGroup or SyncGroup are waiting on the coordinator, not dead.
-            expired = [mid for mid, m in g.members.items()
-                       if m.awaiting_join is None and m.awaiting_sync is None
-                       and now >= m.last_heartbeat_ms + m.session_timeout_ms]
-            for mid in expired:
-                self._remove_member(g, mid)
-            if expired:
-                self._after_removal(g, now)
-            self._maybe_complete_join(g, now)
-            upcoming.extend(m.last_heartbeat_ms + m.session_timeout_ms for m in g.members.values()
-                            if m.awaiting_join is None and m.awaiting_sync is None)
-            if g.state is G.PREPARING_REBALANCE:
-                upcoming.extend(t for t in (g.initial_delay_until_ms, g.rebalance_deadline_ms) if t > now)
+        for pid, expiry in list(g.pending_members.items()):
+            if now >= expiry:
+                del g.pending_members[pid]
+            else:
+                upcoming.append(expiry)
+        # Session expiry applies in every state, rebalances included: a dead member must not hold
+        # a rebalance until the (much longer) rebalance timeout.
+        # Members parked in JoinGroup or SyncGroup are waiting on the coordinator, not dead.
+        expired = [mid for mid, m in g.members.items()
+                   if m.awaiting_join is None and m.awaiting_sync is None
+                   and now >= m.last_heartbeat_ms + m.session_timeout_ms]
+        for mid in expired:
+            self._remove_member(g, mid)
+        if expired:
+            self._after_removal(g, now)
+        self._maybe_complete_join(g, now)
+        upcoming.extend(m.last_heartbeat_ms + m.session_timeout_ms for m in g.members.values()
+                        if m.awaiting_join is None and m.awaiting_sync is None)
+        if g.state is G.PREPARING_REBALANCE:
+            upcoming.extend(t for t in (g.initial_delay_until_ms, g.rebalance_deadline_ms) if t > now)
         return min(upcoming, default=None)
 
     # --- questions the offsets side asks ------------------------------------------------------------
@@ -477,6 +527,7 @@ class GroupMetadataManager:
         """An offset for a group nobody joined was replayed: a "simple" group (Empty, no protocol)."""
         if group_id not in self.groups:
             self.groups[group_id] = GroupMetadata(group_id, state_timestamp_ms=self.clock.now_ms())
+            self._touch(group_id)
 
     def replay_group(self, group_id: str, value: bytes | None, payload: dict[str, Any] | None) -> None:
         """A group-metadata record reached the log. A value is remembered as the group's logged image
@@ -500,6 +551,7 @@ class GroupMetadataManager:
         now = self.clock.now_ms()
         self.loading = False
         for g in self.groups.values():
+            self._touch(g.group_id)
             for m in g.members.values():
                 m.last_heartbeat_ms = now
 
