@@ -34,13 +34,17 @@ class AbortedTxn:
 
 class TransactionIndex:
     """Invariant: ``entries`` are in marker (last_offset) order, unique by (producer_id, last_offset);
-    the first ``_persisted`` of them are in the file."""
+    the first ``_persisted`` of them are in the file. For :meth:`overlapping` without a scan of every
+    entry: ``_lasts[i]`` is ``entries[i].last_offset`` and ``_suffix_min_first[i]`` the smallest
+    first_offset of ``entries[i:]``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.entries: list[AbortedTxn] = []
         self._keys: set[tuple[int, int]] = set()
         self._persisted = 0
+        self._lasts: list[int] = []
+        self._suffix_min_first: list[int] = []
 
     def load(self, log_end_offset: int) -> None:
         raw = fileio.read_file(self.path) or b""
@@ -53,6 +57,7 @@ class TransactionIndex:
                 self.entries.append(e)
                 self._keys.add((e.producer_id, e.last_offset))
         self._persisted = len(self.entries)
+        self._reindex()
         if len(self.entries) * _ENTRY.size != len(raw):
             self._rewrite()
 
@@ -65,6 +70,13 @@ class TransactionIndex:
             return  # older than what is indexed: replay of a marker already covered
         self.entries.append(entry)
         self._keys.add(key)
+        self._lasts.append(entry.last_offset)
+        mins = self._suffix_min_first
+        mins.append(entry.first_offset)
+        i = len(mins) - 2
+        while i >= 0 and mins[i] > entry.first_offset:  # a contiguous tail: the suffix minima grow with i
+            mins[i] = entry.first_offset
+            i -= 1
 
     @property
     def dirty(self) -> bool:
@@ -84,18 +96,37 @@ class TransactionIndex:
         return data
 
     def truncate_to_offset(self, offset: int) -> None:
-        i = bisect.bisect_left([e.last_offset for e in self.entries], offset)
+        i = bisect.bisect_left(self._lasts, offset)
         if i == len(self.entries):
             return
         for e in self.entries[i:]:
             self._keys.discard((e.producer_id, e.last_offset))
         del self.entries[i:]
+        self._reindex()
         if i < self._persisted:
             self._persisted = i
             self._rewrite()
 
     def overlapping(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
-        return [e for e in self.entries if e.last_offset >= fetch_offset and e.first_offset < upper_bound]
+        """Entries with ``last_offset >= fetch_offset`` and ``first_offset < upper_bound``: a binary
+        search to the first marker at or past ``fetch_offset``, then forward only while some entry
+        left can start below ``upper_bound`` (what is visited past that is what is returned, plus
+        entries interleaved with them)."""
+        out = []
+        mins, entries = self._suffix_min_first, self.entries
+        for i in range(bisect.bisect_left(self._lasts, fetch_offset), len(entries)):
+            if mins[i] >= upper_bound:
+                break
+            if entries[i].first_offset < upper_bound:
+                out.append(entries[i])
+        return out
+
+    def _reindex(self) -> None:
+        self._lasts = [e.last_offset for e in self.entries]
+        mins = [e.first_offset for e in self.entries]
+        for i in range(len(mins) - 2, -1, -1):
+            mins[i] = min(mins[i], mins[i + 1])
+        self._suffix_min_first = mins
 
     def _rewrite(self) -> None:
         if not self.entries and fileio.read_file(self.path) is None:
