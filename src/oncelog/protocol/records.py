@@ -129,13 +129,15 @@ def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeade
     return BatchHeader(*_HEADER.unpack_from(buf, pos))
 
 
-def validate_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
-    """Check magic, length and CRC of the batch at ``pos``; return its header.
+def validate_batch(buf: bytes | bytearray | memoryview, pos: int = 0, header: BatchHeader | None = None) -> BatchHeader:
+    """Check magic, length and CRC of the batch at ``pos``; return its header (``header``, when the
+    caller already read the one at ``pos``, is not decoded again).
 
     Raises InvalidRecordError: CORRUPT_MESSAGE, or INVALID_RECORD for a negative count or offset
     delta (Kafka's "invalid offset range").
     """
-    header = read_header(buf, pos)
+    if header is None:
+        header = read_header(buf, pos)
     if header.magic != MAGIC_V2:
         raise InvalidRecordError(f"unsupported record batch magic {header.magic}")
     if header.batch_length < HEADER_SIZE - LOG_OVERHEAD:

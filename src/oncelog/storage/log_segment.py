@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("oncelog.storage")
 
+#: Bytes recovery reads at a time when it scans an unflushed tail.
+_RECOVERY_CHUNK = 4 << 20
+#: The largest offset relative to a segment's base its offset index can hold (int32).
+_MAX_RELATIVE = (1 << 31) - 1
+
 
 def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
@@ -198,12 +203,17 @@ class LogSegment:
         pos = from_position
         reason = None
         self._bytes_since_index = self.index_interval_bytes
+        # The file is read in chunks of _RECOVERY_CHUNK (a batch larger than that alone), not twice
+        # per batch: ``buf`` holds the file's bytes from ``buf_pos``.
+        buf, buf_pos = b"", pos
         while pos < self.size:
-            head = self.pread(pos, rb.HEADER_SIZE)
-            if len(head) < rb.HEADER_SIZE:
+            off = pos - buf_pos
+            if off + rb.HEADER_SIZE > len(buf):
+                buf, buf_pos, off = self.pread(pos, min(_RECOVERY_CHUNK, self.size - pos)), pos, 0
+            if len(buf) - off < rb.HEADER_SIZE:
                 reason = "torn batch header"
                 break
-            header = rb.read_header(head)
+            header = rb.read_header(buf, off)
             if header.magic != rb.MAGIC_V2 or header.batch_length < rb.HEADER_SIZE - rb.LOG_OVERHEAD:
                 reason = f"invalid batch header (magic {header.magic}, length {header.batch_length})"
                 break
@@ -213,9 +223,16 @@ class LogSegment:
             if header.base_offset < self.next_offset and found:
                 reason = f"offset {header.base_offset} goes backwards"
                 break
+            if not 0 <= header.base_offset - self.base_offset <= header.last_offset - self.base_offset <= _MAX_RELATIVE:
+                # Kafka's ensureOffsetInRange: the base offset is not covered by the CRC, and an
+                # offset this segment's index cannot hold would fail every later flush.
+                reason = f"offsets {header.base_offset}-{header.last_offset} outside the segment's range"
+                break
             if validate:
+                if off + header.size > len(buf):
+                    buf, buf_pos, off = self.pread(pos, min(max(_RECOVERY_CHUNK, header.size), self.size - pos)), pos, 0
                 try:
-                    rb.validate_batch(self.pread(pos, header.size))
+                    rb.validate_batch(buf, off, header)
                 except rb.InvalidRecordError as exc:
                     reason = str(exc)
                     break

@@ -259,7 +259,7 @@ class PartitionLog:
                 # keeps the producer's epoch, as in Kafka: it ends no transaction.
                 control = rb.read_control_marker(seg.pread(pos, header.size), 0, header)
             plan = self.producer_state.prepare([header], AppendOrigin.REPLAY, [control])
-            lso_before = self.last_stable_offset
+            lso_before = self.last_stable_offset if control is not None else -1  # only a marker completes one
             for done in self.producer_state.complete(plan, [header.base_offset]):
                 if done.is_aborted:
                     seg.txn_index.append(AbortedTxn(done.producer_id, done.first_offset, done.last_offset,

@@ -104,7 +104,8 @@ class ProducerStateManager:
         plan = AppendPlan()
         for header, control in zip(headers, control_types, strict=True):
             pid = header.producer_id
-            if pid < 0:
+            if pid < 0 or origin is AppendOrigin.REPLAY:
+                # Replay checks nothing (the log is what happened), so it needs no scratch state.
                 plan.steps.append((pid, header, control))
                 continue
             entry = scratch.get(pid)
@@ -112,14 +113,13 @@ class ProducerStateManager:
                 current = self.producers.get(pid)
                 entry = current.copy() if current is not None else ProducerStateEntry(pid)
                 scratch[pid] = entry
-            if origin is not AppendOrigin.REPLAY:
-                self._check(entry, header, origin, control, len(headers))
-                if entry.producer_epoch == header.producer_epoch and header.base_sequence >= 0 and \
-                        control is None and origin is AppendOrigin.CLIENT:
-                    for b in entry.batches:
-                        if b.first_seq == header.base_sequence and b.last_seq == header.last_sequence:
-                            plan.duplicate = (b.first_offset, b.last_offset)
-                            return plan
+            self._check(entry, header, origin, control, len(headers))
+            if entry.producer_epoch == header.producer_epoch and header.base_sequence >= 0 and \
+                    control is None and origin is AppendOrigin.CLIENT:
+                for b in entry.batches:
+                    if b.first_seq == header.base_sequence and b.last_seq == header.last_sequence:
+                        plan.duplicate = (b.first_offset, b.last_offset)
+                        return plan
             self._apply_to(entry, header, control, first_offset=None)
             plan.steps.append((pid, header, control))
         return plan
