@@ -61,7 +61,7 @@ def test_the_terminal_table_has_every_row_for_every_broker(quick: Quick) -> None
         assert name in r.stdout
     for heading in ("CPU broker", "CPU clients", "limited by", "of peak (ms)", "Ratios", "transactional / acks=all",
                     "idempotent / acks=all", "partitions: throughput", "producers: throughput",
-                    "record size: throughput"):
+                    "record size: throughput", "Recovery after SIGKILL"):
         assert heading in r.stdout, heading
     if "tansu" in brokers():
         assert "oncelog / tansu: produce acks=all" in r.stdout
@@ -96,6 +96,13 @@ def test_the_json_has_every_figure(quick: Quick) -> None:
                 assert_latency(point["brokers"][broker]["latency"], f"{name} {point}")
     assert [p["producers"] for p in doc["curves"]["producers"]["points"]] == doc["curves"]["producers"]["x"]
     assert "pipeline" not in doc  # --quick leaves out the Spark pipeline
+    recovery = doc["recovery"]
+    assert recovery["bytes"] == 16 << 20
+    assert [p["batch_size"] for p in recovery["points"]] == [16_384, 1 << 20]
+    for point in recovery["points"]:
+        assert "error" not in point, point  # the restart answered with the acknowledged end offsets
+        assert point["log_bytes"] >= 15 << 20, point  # what was produced is on disk before the kill
+        assert 0 < point["empty_start_s"] and 0 < point["listening_s"] <= point["answering_s"], point
 
 
 def test_the_report_renders_with_every_chart(quick: Quick,
@@ -108,4 +115,5 @@ def test_the_report_renders_with_every_chart(quick: Quick,
     assert len([p for p in pngs if p.startswith("latency-")]) == 1 + len(ROWS)
     page = (out / "report.html").read_text()
     assert "Not measured in this run (--quick)" in page
+    assert "Recovery after SIGKILL" in page and "s per GiB" in page
     assert_rendered(out / "report.html", tmp_path, min_charts=len(pngs))

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from oncelog.bench.runner import ROWS, Bench, Broker, Plan, conditions, ensure_writable, pipeline
+from oncelog.bench.runner import ROWS, Bench, Broker, Plan, conditions, ensure_writable, pipeline, recovery
 from oncelog.testing.broker_process import oncelog_broker, tansu_binary, tansu_broker
 
 
@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default 5000,20000,100000)")
     p.add_argument("--pipeline-master", default="",
                    help="Spark master of the pipeline runs (default local[2]), e.g. local-cluster[2,1,1024]")
+    p.add_argument("--recovery-mib", type=int,
+                   help="MiB of unflushed log our broker recovers after SIGKILL, per batch size (default 1024; "
+                        "--quick 16; 0 skips it)")
     p.add_argument("--pipeline-latency", type=float,
                    help="seconds of the pipeline's fixed-rate end-to-end latency run per guarantee (default 10; "
                         "0 skips it)")
@@ -75,6 +78,10 @@ def plan_from(args: argparse.Namespace) -> Plan:
         changes["pipeline_batches"] = batches
     if args.pipeline_master:
         changes["pipeline_master"] = args.pipeline_master
+    if args.recovery_mib is not None:
+        if args.recovery_mib < 0:
+            raise UsageError("--recovery-mib must not be negative")
+        changes["recovery_bytes"] = args.recovery_mib << 20
     if args.pipeline_latency is not None:
         if args.pipeline_latency < 0:
             raise UsageError("--pipeline-latency must not be negative")
@@ -121,6 +128,9 @@ def run(args: argparse.Namespace) -> int:
             pool.close()
             for b in brokers:
                 b.process.kill()
+        if plan.recovery_bytes > 0:
+            doc["recovery"] = recovery(plan.recovery_bytes, plan.recovery_batch_sizes, Path(tmp),
+                                       lambda s: status.update(f"[{time.monotonic() - began:4.0f} s] {s}"))
         if plan.pipeline_records > 0:
             doc["pipeline"] = pipeline(plan.pipeline_records, plan.pipeline_batches,
                                        lambda s: status.update(f"[{time.monotonic() - began:4.0f} s] {s}"),
@@ -131,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"report: {path} (raw figures: {args.out / 'bench.json'}); took {doc['conditions']['seconds']:.0f} s")
     failed = [f"{name} on {b}" for name, row in doc["rows"].items() for b, e in row["brokers"].items()
               if b == "oncelog" and "error" in e]
+    failed += [f"recovery with batches of {p['batch_size']:,} B" for p in doc.get("recovery", {}).get("points", [])
+               if "error" in p]
     if failed:
         console.print(f"[red]failed on our broker[/red]: {', '.join(failed)}")
     return 1 if failed else 0

@@ -75,6 +75,8 @@ class Plan:
     pipeline_master: str = ""  # Spark master of the pipeline runs; "" is local[2]
     pipeline_latency_s: float = 10.0  # fixed-rate end-to-end latency run per guarantee and the copier
     curves: bool = True
+    recovery_bytes: int = 1 << 30  # log written unflushed, then SIGKILL and restart; 0 skips it
+    recovery_batch_sizes: tuple[int, ...] = (16_384, 1 << 20)  # producer batch.size of each recovery run
 
     @classmethod
     def full(cls) -> Plan:
@@ -84,7 +86,7 @@ class Plan:
     def quick_plan(cls) -> Plan:
         return cls(quick=True, duration_s=0.4, latency_s=0.5, warmup_s=0.1, partition_points=(1, 10),
                    producer_points=((1, 1), (2, 2)), size_points=(100, 10_240), scale_target=False,
-                   pipeline_records=0)
+                   pipeline_records=0, recovery_bytes=16 << 20)
 
     @property
     def pool_size(self) -> int:
@@ -375,6 +377,75 @@ def pipeline(records: int, batches: tuple[int, ...], progress: Progress, master:
             continue
         points.append({"max_offsets": batch, **json.loads(out.stdout.strip().splitlines()[-1])})
     return {"records": records, "size": 100, "master": master or "local[2]", "points": points}
+
+
+def recovery(total_bytes: int, batch_sizes: tuple[int, ...], data_dir: Path, progress: Progress) -> dict[str, Any]:
+    """Restart time of our broker after SIGKILL with ``total_bytes`` of log none of which was flushed
+    (``--flush-interval-ms`` of an hour), so the restart re-reads and CRC-checks all of it and
+    replays its producer state: the worst case a flush interval bounds in practice. For each
+    producer ``batch.size``: 1 KiB records from an idempotent producer to 4 partitions, then
+    SIGKILL; seconds until the restarted broker listens and until it answers ListOffsets with the
+    end offsets it had acknowledged (a different answer is an error), beside the same broker's start
+    on an empty directory. Ours only: the Tansu broker keeps its data in memory."""
+    import signal
+
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    from oncelog.testing.broker_process import create_topic, oncelog_broker
+
+    def timed_start(b: BrokerProcess) -> float:
+        t0 = time.monotonic()
+        b.start(timeout_s=600)
+        return time.monotonic() - t0
+
+    def end_offsets(bootstrap: str) -> list[int]:
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": "oncelog-bench-recovery",
+                      "isolation.level": "read_uncommitted"})
+        try:
+            return [c.get_watermark_offsets(TopicPartition("recovery", p), timeout=60)[1] for p in range(4)]
+        finally:
+            c.close()
+
+    points: list[dict[str, Any]] = []
+    value = os.urandom(1024)
+    for batch_size in batch_sizes:
+        progress(f"recovery after SIGKILL: {total_bytes / 2**20:,.0f} MiB unflushed in batches of up to "
+                 f"{batch_size:,} B")
+        b = oncelog_broker(data_dir / f"recovery-{batch_size}", "--flush-interval-ms", "3600000")
+        try:
+            empty_s = timed_start(b)
+            create_topic(b.bootstrap, "recovery", 4)
+            p = Producer({"bootstrap.servers": b.bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                          "batch.size": batch_size, "queue.buffering.max.kbytes": 1 << 20})
+            for i in range(total_bytes // 1100):
+                while True:
+                    try:
+                        p.produce("recovery", value, key=b"%d" % (i % 1000))
+                        break
+                    except BufferError:
+                        p.poll(0.01)
+            if p.flush(300) != 0:
+                raise BenchError("records not acknowledged before the kill")
+            before = end_offsets(b.bootstrap)
+            assert b.data_dir is not None
+            on_disk = sum(f.stat().st_size for f in b.data_dir.rglob("*.log"))
+            b.kill(signal.SIGKILL)
+            t0 = time.monotonic()
+            listen_s = timed_start(b)
+            after = end_offsets(b.bootstrap)
+            answer_s = time.monotonic() - t0
+            point: dict[str, Any] = {"batch_size": batch_size, "log_bytes": on_disk, "empty_start_s": round(empty_s, 3),
+                                     "listening_s": round(listen_s, 3), "answering_s": round(answer_s, 3),
+                                     "s_per_gib": round(answer_s / (on_disk / 2**30), 3),
+                                     "beyond_empty_start_s_per_gib": round((answer_s - empty_s) / (on_disk / 2**30), 3)}
+            if after != before:
+                point["error"] = f"end offsets {after} after the restart, {before} acknowledged before"
+            points.append(point)
+        except (BenchError, RuntimeError, TimeoutError, OSError) as exc:
+            points.append({"batch_size": batch_size, "error": str(exc)[:300]})
+        finally:
+            b.kill(signal.SIGKILL)
+    return {"bytes": total_bytes, "record_size": 1024, "points": points}
 
 
 def conditions(plan: Plan, brokers: list[Broker]) -> dict[str, Any]:
