@@ -102,7 +102,7 @@ def test_the_json_has_every_figure(quick: Quick) -> None:
     for point in recovery["points"]:
         assert "error" not in point, point  # the restart answered with the acknowledged end offsets
         assert point["log_bytes"] >= 15 << 20, point  # what was produced is on disk before the kill
-        assert 0 < point["empty_start_s"] and 0 < point["listening_s"] <= point["answering_s"], point
+        assert point["empty_start_s"] > 0 and 0 < point["listening_s"] <= point["answering_s"], point
 
 
 def test_the_report_renders_with_every_chart(quick: Quick,

@@ -323,8 +323,8 @@ def encode_fetch_response(api_version: int, correlation_id: int, data: Mapping[s
                 marker = _MARKER_PREFIX + os.urandom(16 - len(_MARKER_PREFIX))
                 payloads.append((marker, rec))
                 p = {**p, "records": marker}
-            elif isinstance(rec, memoryview):
-                p = {**p, "records": rec.tobytes()}
+            elif isinstance(rec, (memoryview, bytearray)):
+                p = {**p, "records": bytes(rec)}
             parts.append(p)
         responses.append({**topic, "partitions": parts})
     frame = encode_response(API_FETCH, api_version, correlation_id,

@@ -89,6 +89,8 @@ class Broker:
         self._flush_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-flush")
         # And one for the fsyncs an acknowledgement waits for (flush_every_append): group commit.
         self._sync_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-sync")
+        # And one that reads log pages a fetch needs into the page cache (``read_into_cache``).
+        self._read_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-read")
         self._syncing: dict[str, asyncio.Future[None]] = {}  # one group-commit task per log
         self.produce_quota = QuotaManager(config.quota_producer_default)
         self.fetch_quota = QuotaManager(config.quota_consumer_default)
@@ -199,6 +201,7 @@ class Broker:
 
     def close(self) -> None:
         """Flush and close every log, mark the stop clean, then release the data directory."""
+        self._read_executor.shutdown(wait=True)
         self.logs.close()  # waits for flushes in flight
         self._flush_executor.shutdown(wait=True)
         self._sync_executor.shutdown(wait=True)
@@ -255,6 +258,13 @@ class Broker:
                 self.storage_failed(exc)
             except Exception:
                 log.exception("the group timer failed")
+
+    async def read_into_cache(self, fd: int, position: int, length: int) -> None:
+        """Read ``length`` bytes at ``position`` of ``fd`` on the read thread and drop them: the
+        pages are then in the page cache, where the event loop's next read finds them without
+        waiting for the disk. Safe against a segment closed meanwhile: the bytes are never used, so
+        a closed descriptor (EBADF) or one reused by another file costs a wasted read, nothing else."""
+        await asyncio.get_running_loop().run_in_executor(self._read_executor, _read_and_drop, fd, position, length)
 
     def _flush_tick_ms(self) -> int:
         """The background flush looks as often as the shortest flush.ms of any topic (topic
@@ -424,3 +434,8 @@ class Broker:
     def api_version_entries(self) -> list[dict[str, int]]:
         return [{"api_key": k, "min_version": lo, "max_version": hi}
                 for k, (lo, hi) in sorted(self.supported_versions.items())]
+
+
+def _read_and_drop(fd: int, position: int, length: int) -> None:
+    with contextlib.suppress(OSError):
+        os.pread(fd, length, position)

@@ -9,6 +9,15 @@ class StorageError(Exception):
     """Base class: an operation was refused and nothing was changed."""
 
 
+class ReadWouldBlock(Exception):
+    """A read asked not to wait (``nowait``) needs pages that are not in memory. ``fd``,
+    ``position`` and ``length`` say what to read off the event loop before trying again."""
+
+    def __init__(self, fd: int, position: int, length: int) -> None:
+        super().__init__(f"read of {length} bytes at {position} of fd {fd} would wait for the disk")
+        self.fd, self.position, self.length = fd, position, length
+
+
 class TopicExistsError(StorageError):
     pass
 

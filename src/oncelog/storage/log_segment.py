@@ -13,10 +13,11 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from oncelog.protocol import records as rb
 from oncelog.storage import fileio
+from oncelog.storage.errors import ReadWouldBlock
 from oncelog.storage.offset_index import OffsetIndex, TimeIndex
 from oncelog.storage.transaction_index import TransactionIndex
 
@@ -24,6 +25,39 @@ if TYPE_CHECKING:
     from oncelog.storage.flush_job import FlushJob
 
 log = logging.getLogger("oncelog.storage")
+
+#: Whether reads may be asked not to wait for the disk (``preadv2`` with RWF_NOWAIT, Linux 4.14+).
+#: Turned off for good the first time the file system refuses the flag or cannot honour it.
+nowait_reads = hasattr(os, "preadv") and hasattr(os, "RWF_NOWAIT")
+
+
+def pread_nowait(fd: int, length: int, position: int) -> bytes | bytearray:
+    """``length`` bytes at ``position`` if they are all in the page cache, else ``ReadWouldBlock``.
+    The callers read inside the file, so a short read means pages that are not in memory."""
+    global nowait_reads
+    if not nowait_reads:
+        return os.pread(fd, length, position)
+    buf = bytearray(length)
+    try:
+        n = os.preadv(fd, [buf], position, os.RWF_NOWAIT)
+    except BlockingIOError:
+        n = -1
+    except OSError as exc:  # EOPNOTSUPP / EINVAL: this file system does not take the flag
+        log.info("reads that do not wait for the disk are not supported here (%s): reads stay blocking", exc)
+        nowait_reads = False
+        return os.pread(fd, length, position)
+    if n < length:
+        raise ReadWouldBlock(fd, position, length)
+    return buf
+
+
+def disable_nowait_reads(reason: str) -> None:
+    """Reads block from now on (a file system that answers every nowait read with EAGAIN)."""
+    global nowait_reads
+    if nowait_reads:
+        log.info("reads that do not wait for the disk turned off: %s", reason)
+        nowait_reads = False
+
 
 #: Bytes recovery reads at a time when it scans an unflushed tail.
 _RECOVERY_CHUNK = 4 << 20
@@ -125,14 +159,23 @@ class LogSegment:
             raise fileio.StorageOfflineError(f"fsync of {self.path} failed: {exc}") from exc
 
     # --- reads ------------------------------------------------------------------------------------
-    def pread(self, position: int, length: int) -> bytes:
+    @overload
+    def pread(self, position: int, length: int) -> bytes: ...
+
+    @overload
+    def pread(self, position: int, length: int, nowait: bool) -> bytes | bytearray: ...
+
+    def pread(self, position: int, length: int, nowait: bool = False) -> bytes | bytearray:
+        """``nowait``: raise ``ReadWouldBlock`` rather than wait for the disk (see ``pread_nowait``)."""
+        if nowait:
+            return pread_nowait(self.fd, length, position)
         return os.pread(self.fd, length, position)
 
-    def find_position(self, offset: int) -> tuple[int, rb.BatchHeader] | None:
+    def find_position(self, offset: int, nowait: bool = False) -> tuple[int, rb.BatchHeader] | None:
         """Position and header of the batch containing ``offset`` (or the first after it)."""
         pos = self.offset_index.lookup(offset)
         while pos < self.size:
-            head = self.pread(pos, rb.HEADER_SIZE)
+            head = self.pread(pos, rb.HEADER_SIZE, nowait)
             if len(head) < rb.HEADER_SIZE:
                 return None
             header = rb.read_header(head)

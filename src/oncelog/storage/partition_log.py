@@ -439,12 +439,14 @@ class PartitionLog:
         """Whole batches from the one containing ``fetch_offset``; see the module docstring."""
         records, first = self.read_view(fetch_offset, max_bytes, max_offset=max_offset,
                                         min_one_message=min_one_message)
-        return FetchData(records.tobytes() if isinstance(records, memoryview) else records, first)
+        return FetchData(records if isinstance(records, bytes) else bytes(records), first)
 
     def read_view(self, fetch_offset: int, max_bytes: int, *, max_offset: int | None = None,
-                  min_one_message: bool = True) -> tuple[bytes | memoryview, int]:
+                  min_one_message: bool = True, nowait: bool = False) -> tuple[bytes | bytearray | memoryview, int]:
         """As :meth:`read`, but the records may be a memoryview of the one buffer read from the
-        segment (no copy when the read is trimmed to whole batches): the fetch path sends it as is."""
+        segment (no copy when the read is trimmed to whole batches): the fetch path sends it as is.
+        ``nowait``: raise ``ReadWouldBlock`` instead of reading pages that are not in memory (the
+        fetch path reads them off the event loop, then asks again); nothing is changed either way."""
         if fetch_offset < self.log_start_offset or fetch_offset > self.log_end_offset:
             raise OffsetOutOfRangeError(
                 f"offset {fetch_offset} outside [{self.log_start_offset}, {self.log_end_offset}] of {self.name}")
@@ -454,7 +456,7 @@ class PartitionLog:
         i = self._segment_for(fetch_offset)
         while i < len(self.segments):
             seg = self.segments[i]
-            found = seg.find_position(fetch_offset)
+            found = seg.find_position(fetch_offset, nowait)
             if found is None:
                 i += 1
                 continue
@@ -464,8 +466,8 @@ class PartitionLog:
             if first.size > max_bytes:
                 if not min_one_message:
                     return b"", fetch_offset
-                return seg.pread(start, first.size), first.base_offset
-            data = seg.pread(start, min(max_bytes, seg.size - start))
+                return seg.pread(start, first.size, nowait), first.base_offset
+            data = seg.pread(start, min(max_bytes, seg.size - start), nowait)
             end = 0
             for pos, header in rb.iter_headers(data):
                 if header.base_offset >= limit:

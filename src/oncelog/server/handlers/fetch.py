@@ -19,6 +19,8 @@ from oncelog.protocol.messages import Request, td_ms
 from oncelog.server.authz import Op, R, allowed
 from oncelog.server.handlers.leader_epochs import leader_epoch_error
 from oncelog.storage import errors as storage_errors
+from oncelog.storage import log_segment
+from oncelog.storage.errors import ReadWouldBlock
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
@@ -35,8 +37,9 @@ def _partition_error(index: int, code: ErrorCode, plog: Any = None) -> dict[str,
 
 
 def read_fetch(broker: Broker, body: Any, isolation_level: int, max_bytes: int,
-               denied: frozenset[str] = frozenset()) -> tuple[list[dict[str, Any]], int, bool]:
-    """One pass over the requested partitions: (topics, bytes returned, any error)."""
+               denied: frozenset[str] = frozenset(), nowait: bool = False) -> tuple[list[dict[str, Any]], int, bool]:
+    """One pass over the requested partitions: (topics, bytes returned, any error). ``nowait``:
+    raise ``ReadWouldBlock`` at the first read that would wait for the disk (nothing changes)."""
     remaining = max_bytes
     total = 0
     errored = False
@@ -82,13 +85,13 @@ def read_fetch(broker: Broker, body: Any, isolation_level: int, max_bytes: int,
                 parts.append(_partition_error(index, ErrorCode.offset_out_of_range, plog))
                 errored = True
                 continue
-            data: bytes | memoryview = b""
+            data: bytes | bytearray | memoryview = b""
             aborted = None
             if fetch_offset < upper and remaining > 0:
                 limit = min(fp.partition_max_bytes, remaining)
                 try:
                     data, _first = plog.read_view(fetch_offset, limit, max_offset=upper,
-                                                  min_one_message=(total == 0))
+                                                  min_one_message=(total == 0), nowait=nowait)
                 except storage_errors.OffsetOutOfRangeError:
                     parts.append(_partition_error(index, ErrorCode.offset_out_of_range, plog))
                     errored = True
@@ -106,6 +109,38 @@ def read_fetch(broker: Broker, body: Any, isolation_level: int, max_bytes: int,
                           "preferred_read_replica": -1, "records": data})
         topics_out.append({"topic": topic, "partitions": parts})
     return topics_out, total, errored
+
+
+#: Reads a fetch may move off the event loop before it reads on the loop whatever is left.
+MAX_COLD_READS = 8
+#: The least a read off the loop reads.
+COLD_READ_AHEAD = 256 << 10
+
+
+async def _read_off_loop_if_cold(broker: Broker, body: Any, isolation_level: int, max_bytes: int,
+                                 denied: frozenset[str]) -> tuple[list[dict[str, Any]], int, bool]:
+    """``read_fetch`` without waiting for the disk on the event loop: a pass that needs pages not
+    in memory stops, the broker reads them on its read thread (into the page cache), and the pass
+    starts again, from the log's state at that moment (a read in between changes nothing). After
+    ``MAX_COLD_READS`` such reads, or if pages just read are still not in memory (a file system that
+    cannot tell, e.g. one that answers every such read EAGAIN: then this stops trying for good),
+    the pass reads on the loop as before."""
+    cold_reads = 0
+    warmed = (-1, 0, 0)  # fd, start, end of the last range read into the cache
+    while True:
+        nowait = log_segment.nowait_reads and cold_reads < MAX_COLD_READS
+        try:
+            return read_fetch(broker, body, isolation_level, max_bytes, denied, nowait=nowait)
+        except ReadWouldBlock as cold:
+            fd, start, end = warmed
+            if cold.fd == fd and start <= cold.position and cold.position + cold.length <= end:
+                log_segment.disable_nowait_reads("pages just read were still reported as not in memory")
+                continue
+            # A batch header (61 bytes) is read before the batches after it: read ahead.
+            length = max(cold.length, COLD_READ_AHEAD)
+            warmed = (cold.fd, cold.position, cold.position + length)
+            cold_reads += 1
+            await broker.read_into_cache(cold.fd, cold.position, length)
 
 
 def _visible_ends(broker: Broker, partitions: list[tuple[str, int]], isolation_level: int) -> list[Any]:
@@ -131,7 +166,7 @@ async def handle_fetch(broker: Broker, req: Request) -> dict[str, Any]:
     partitions = [(ft.topic, fp.partition) for ft in body.topics for fp in ft.partitions]
     denied = frozenset(ft.topic for ft in body.topics if not allowed(broker, req, Op.READ, R.TOPIC, ft.topic))
     while True:
-        topics_out, total, errored = read_fetch(broker, body, isolation_level, max_bytes, denied)
+        topics_out, total, errored = await _read_off_loop_if_cold(broker, body, isolation_level, max_bytes, denied)
         remaining_s = deadline - time.monotonic()
         if total >= min_bytes or errored or remaining_s <= 0 or not partitions:
             break
@@ -144,7 +179,8 @@ async def handle_fetch(broker: Broker, req: Request) -> dict[str, Any]:
             if remaining_s <= 0 or _visible_ends(broker, partitions, isolation_level) != ends:
                 break
         if time.monotonic() >= deadline:
-            topics_out, total, errored = read_fetch(broker, body, isolation_level, max_bytes, denied)
+            topics_out, total, errored = await _read_off_loop_if_cold(broker, body, isolation_level, max_bytes,
+                                                                     denied)
             break
     throttle = broker.throttle(req, broker.fetch_quota, total)
     return {"throttle_time": throttle, "error_code": ErrorCode.none, "session_id": 0, "responses": topics_out}
