@@ -263,7 +263,8 @@ class Broker:
         """Read ``length`` bytes at ``position`` of ``fd`` on the read thread and drop them: the
         pages are then in the page cache, where the event loop's next read finds them without
         waiting for the disk. Safe against a segment closed meanwhile: the bytes are never used, so
-        a closed descriptor (EBADF) or one reused by another file costs a wasted read, nothing else."""
+        a closed descriptor (EBADF) or one reused by another file costs a wasted read, nothing else;
+        reused by a socket or a pipe, ``pread`` fails with ESPIPE and consumes nothing."""
         await asyncio.get_running_loop().run_in_executor(self._read_executor, _read_and_drop, fd, position, length)
 
     def _flush_tick_ms(self) -> int:
