@@ -406,8 +406,21 @@ def recovery(total_bytes: int, batch_sizes: tuple[int, ...], data_dir: Path, pro
         finally:
             c.close()
 
+    def fill(bootstrap: str, batch_size: int) -> None:
+        p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                      "batch.size": batch_size, "queue.buffering.max.kbytes": 1 << 20})
+        value = os.urandom(1024)
+        for i in range(total_bytes // 1100):
+            while True:
+                try:
+                    p.produce("recovery", value, key=b"%d" % (i % 1000))
+                    break
+                except BufferError:
+                    p.poll(0.01)
+        if p.flush(300) != 0:
+            raise BenchError("records not acknowledged before the kill")
+
     points: list[dict[str, Any]] = []
-    value = os.urandom(1024)
     for batch_size in batch_sizes:
         progress(f"recovery after SIGKILL: {total_bytes / 2**20:,.0f} MiB unflushed in batches of up to "
                  f"{batch_size:,} B")
@@ -415,17 +428,7 @@ def recovery(total_bytes: int, batch_sizes: tuple[int, ...], data_dir: Path, pro
         try:
             empty_s = timed_start(b)
             create_topic(b.bootstrap, "recovery", 4)
-            p = Producer({"bootstrap.servers": b.bootstrap, "enable.idempotence": True, "linger.ms": 5,
-                          "batch.size": batch_size, "queue.buffering.max.kbytes": 1 << 20})
-            for i in range(total_bytes // 1100):
-                while True:
-                    try:
-                        p.produce("recovery", value, key=b"%d" % (i % 1000))
-                        break
-                    except BufferError:
-                        p.poll(0.01)
-            if p.flush(300) != 0:
-                raise BenchError("records not acknowledged before the kill")
+            fill(b.bootstrap, batch_size)  # the producer is gone before the kill: no reconnect noise
             before = end_offsets(b.bootstrap)
             assert b.data_dir is not None
             on_disk = sum(f.stat().st_size for f in b.data_dir.rglob("*.log"))
