@@ -5,6 +5,7 @@ These need broker transactions (ours, via the ``broker`` fixture).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import Counter
@@ -191,6 +192,24 @@ def test_the_drivers_preparation_is_kept_and_does_not_recreate_a_deleted_progres
     admin.delete_topics(["progress-kept"])["progress-kept"].result(15)
     assert s.prepare() is first
     assert "progress-kept" not in admin.list_topics(timeout=10).topics
+
+
+@pytest.mark.parametrize("guarantee", [Guarantee.exactly_once, Guarantee.at_most_once])
+def test_a_task_does_not_recreate_a_deleted_progress_topic(broker: BrokerProcess, guarantee: Guarantee) -> None:
+    """A task's new transactional producer connects with metadata requests before
+    init_transactions (sink._connect_first). On a broker that creates topics on demand (this
+    fixture's), a request naming the progress topic would bring a deleted one back empty, and with
+    it every committed batch forgotten: the task must fail instead, and the topic stay deleted."""
+    from confluent_kafka.admin import AdminClient
+
+    create_topic(broker.bootstrap, "out", 1)
+    s = _settings(broker.bootstrap, guarantee)
+    write_partition(_records("b0", 3), TaskIdentity("q-del", 0, 0), s)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.delete_topics(["progress"])["progress"].result(15)
+    with pytest.raises(Exception, match="progress"):
+        write_partition(_records("b1", 3), TaskIdentity("q-del", 1, 0), dataclasses.replace(s, timeout_s=5))
+    assert "progress" not in admin.list_topics(timeout=10).topics
 
 
 def test_a_plain_producer_that_failed_is_not_pooled(broker: BrokerProcess) -> None:
