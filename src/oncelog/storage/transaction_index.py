@@ -35,15 +35,13 @@ class AbortedTxn:
 class TransactionIndex:
     """Invariant: ``entries`` are in marker (last_offset) order, unique by (producer_id, last_offset);
     the first ``_persisted`` of them are in the file. For :meth:`overlapping` without a scan of every
-    entry: ``_lasts[i]`` is ``entries[i].last_offset`` and ``_suffix_min_first[i]`` the smallest
-    first_offset of ``entries[i:]``."""
+    entry: ``_suffix_min_first[i]`` is the smallest first_offset of ``entries[i:]``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.entries: list[AbortedTxn] = []
         self._keys: set[tuple[int, int]] = set()
         self._persisted = 0
-        self._lasts: list[int] = []
         self._suffix_min_first: list[int] = []
 
     def load(self, log_end_offset: int) -> None:
@@ -70,7 +68,6 @@ class TransactionIndex:
             return  # older than what is indexed: replay of a marker already covered
         self.entries.append(entry)
         self._keys.add(key)
-        self._lasts.append(entry.last_offset)
         mins = self._suffix_min_first
         mins.append(entry.first_offset)
         i = len(mins) - 2
@@ -96,7 +93,7 @@ class TransactionIndex:
         return data
 
     def truncate_to_offset(self, offset: int) -> None:
-        i = bisect.bisect_left(self._lasts, offset)
+        i = bisect.bisect_left(self.entries, offset, key=_last_offset)
         if i == len(self.entries):
             return
         for e in self.entries[i:]:
@@ -114,7 +111,7 @@ class TransactionIndex:
         entries interleaved with them)."""
         out = []
         mins, entries = self._suffix_min_first, self.entries
-        for i in range(bisect.bisect_left(self._lasts, fetch_offset), len(entries)):
+        for i in range(bisect.bisect_left(entries, fetch_offset, key=_last_offset), len(entries)):
             if mins[i] >= upper_bound:
                 break
             if entries[i].first_offset < upper_bound:
@@ -122,7 +119,6 @@ class TransactionIndex:
         return out
 
     def _reindex(self) -> None:
-        self._lasts = [e.last_offset for e in self.entries]
         mins = [e.first_offset for e in self.entries]
         for i in range(len(mins) - 2, -1, -1):
             mins[i] = min(mins[i], mins[i + 1])
@@ -136,3 +132,7 @@ class TransactionIndex:
 
 def _pack(e: AbortedTxn) -> bytes:
     return _ENTRY.pack(e.producer_id, e.first_offset, e.last_offset, e.last_stable_offset)
+
+
+def _last_offset(e: AbortedTxn) -> int:
+    return e.last_offset
