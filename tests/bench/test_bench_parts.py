@@ -134,3 +134,64 @@ def test_bad_options_exit_2_with_one_line(args: list[str], why: str) -> None:
     r = subprocess.run([sys.executable, "-m", "oncelog", "bench", *args], capture_output=True, text=True, timeout=60)
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1 and why in lines[0], (r.returncode, r.stderr)
+
+
+def _report_priority(conn: Any) -> None:
+    """In a spawned process: lower it as a bench client does, then say what the scheduler sees,
+    for this thread and for a thread started afterwards (librdkafka starts its threads then)."""
+    import threading
+
+    from oncelog.bench.clients import lower_priority
+
+    lower_priority("idle")
+    seen: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: seen.update(policy=os.sched_getscheduler(0), nice=os.getpriority(
+        os.PRIO_PROCESS, threading.get_native_id())))
+    t.start()
+    t.join()
+    conn.send({"policy": os.sched_getscheduler(0), "nice": os.nice(0), "leader": os.getsid(0) == os.getpid(),
+               "autogroup": Path("/proc/self/autogroup").read_text() if Path("/proc/self/autogroup").exists() else "",
+               "thread": seen})
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux only")
+def test_idle_clients_yield_to_the_broker_and_leave_the_callers_session_alone() -> None:
+    import multiprocessing
+
+    mine = (os.sched_getscheduler(0), os.nice(0), os.getsid(0),
+            Path("/proc/self/autogroup").read_text() if Path("/proc/self/autogroup").exists() else "")
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_report_priority, args=(child,))
+    proc.start()
+    try:
+        assert parent.poll(60)
+        got = parent.recv()
+    finally:
+        proc.join(10)
+    assert got["policy"] == os.SCHED_IDLE and got["nice"] == 19 and got["leader"]
+    assert got["thread"] == {"policy": os.SCHED_IDLE, "nice": 19}  # threads started later inherit both
+    if got["autogroup"]:
+        assert got["autogroup"].strip().endswith("nice 19"), got["autogroup"]
+    # the caller (here: pytest; in the bench: the user's shell session) keeps its priority and autogroup
+    assert (os.sched_getscheduler(0), os.nice(0), os.getsid(0),
+            Path("/proc/self/autogroup").read_text() if Path("/proc/self/autogroup").exists() else "") == mine
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux only")
+def test_the_pools_processes_run_at_the_priority_asked_for() -> None:
+    from oncelog.bench.clients import ClientPool
+
+    with pytest.raises(ValueError, match="unknown client priority"):
+        ClientPool(1, "high")
+    for priority, policy in (("idle", os.SCHED_IDLE), ("normal", os.sched_getscheduler(0))):
+        pool = ClientPool(1, priority)
+        try:
+            pid = pool.procs[0].pid
+            deadline = time.monotonic() + 60
+            while os.sched_getscheduler(pid) != policy and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)  # a normal worker that were to lower itself late would be caught here
+            assert os.sched_getscheduler(pid) == policy, priority
+        finally:
+            pool.close()

@@ -44,6 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recovery-mib", type=int,
                    help="MiB of unflushed log our broker recovers after SIGKILL, per batch size (default 1024; "
                         "--quick 16; 0 skips it)")
+    p.add_argument("--client-priority", choices=("idle", "normal"),
+                   help="CPU priority of the client processes of the fixed-rate (latency) runs: idle (default) "
+                        "yields the cores to the broker under test, as clients on other machines would; normal "
+                        "(--quick's default: a smoke run on a busy CI machine must not starve) competes with it. "
+                        "Throughput runs always run at normal priority")
     p.add_argument("--pipeline-latency", type=float,
                    help="seconds of the pipeline's fixed-rate end-to-end latency run per guarantee (default 10; "
                         "0 skips it)")
@@ -60,6 +65,8 @@ def plan_from(args: argparse.Namespace) -> Plan:
     if unknown:
         raise UsageError(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
     changes: dict[str, Any] = {"rows": tuple(r for r in ROWS if r in rows), "curves": not args.no_curves}
+    if args.client_priority:
+        changes["client_priority"] = args.client_priority
     for option, attr in (("size", "size"), ("partitions", "partitions"), ("processes", "processes"),
                          ("duration", "duration_s"), ("pipeline_records", "pipeline_records")):
         value = getattr(args, option)
@@ -111,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as tmp, \
             console.status("starting the brokers and the client processes") as status:
         pool = ClientPool(plan.pool_size)
+        latency_pool = pool if plan.client_priority == "normal" else ClientPool(plan.pool_size, plan.client_priority)
         try:
             brokers.append(Broker("oncelog", oncelog_broker(Path(tmp) / "data", log_path=Path(tmp) / "oncelog.log")
                                   .start(), cores=1))
@@ -120,12 +128,15 @@ def run(args: argparse.Namespace) -> int:
                 else:
                     brokers.append(Broker("tansu", tansu_broker(log_path=Path(tmp) / "tansu.log").start(),
                                           cores=cpu_count()))
-            bench = Bench(plan, brokers, pool, lambda s: status.update(f"[{time.monotonic() - began:4.0f} s] {s}"))
+            bench = Bench(plan, brokers, pool, lambda s: status.update(f"[{time.monotonic() - began:4.0f} s] {s}"),
+                          latency_pool)
             doc: dict[str, Any] = {"conditions": conditions(plan, brokers), "rows": bench.rows()}
             if plan.curves:
                 doc["curves"] = bench.curves()
         finally:
             pool.close()
+            if latency_pool is not pool:
+                latency_pool.close()
             for b in brokers:
                 b.process.kill()
         if plan.recovery_bytes > 0:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import resource
 import struct
 import threading
@@ -27,6 +28,7 @@ import time
 import traceback
 from array import array
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 STAMP = struct.Struct(">q")  # monotonic_ns at produce(), at the start of every value
@@ -264,8 +266,39 @@ class _ConsumerRun:
         c.close()
 
 
-def _worker(conn: Any) -> None:
+PRIORITIES = ("idle", "normal")
+
+
+def lower_priority(level: str) -> None:
+    """Make this client process, and every thread it starts afterwards, yield the CPU to the broker.
+
+    ``"idle"``: a session of its own (so a scheduler autogroup of its own: the nice value of a
+    process counts only inside its autogroup), that autogroup and the process at nice 19, and the
+    SCHED_IDLE policy, which librdkafka's threads inherit when they are created. Lowering one's own
+    priority needs no privilege. The new session comes first so that the user's terminal session is
+    never the autogroup being lowered. ``"normal"``: unchanged.
+    """
+    if level not in PRIORITIES:
+        raise ValueError(f"unknown client priority {level!r}: one of {', '.join(PRIORITIES)}")
+    if level == "normal":
+        return
+    try:
+        os.setsid()
+    except OSError:  # already a session leader: leave the autogroup alone
+        pass
+    else:
+        try:
+            Path("/proc/self/autogroup").write_text("19")
+        except OSError:  # a kernel without autogroup scheduling
+            pass
+    os.nice(19 - os.nice(0))
+    if hasattr(os, "SCHED_IDLE"):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def _worker(conn: Any, priority: str = "normal") -> None:
     """A client process: prepares and runs the jobs it is sent, one at a time, until told to quit."""
+    lower_priority(priority)
     prepared: Any = None
     while True:
         msg = conn.recv()
@@ -333,15 +366,18 @@ class RunResult:
 
 
 class ClientPool:
-    """``size`` client processes, started once (spawn) and reused by every run of the bench."""
+    """``size`` client processes, started once (spawn) and reused by every run of the bench, at
+    ``priority`` (``lower_priority``)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, priority: str = "normal") -> None:
+        if priority not in PRIORITIES:
+            raise ValueError(f"unknown client priority {priority!r}: one of {', '.join(PRIORITIES)}")
         ctx = multiprocessing.get_context("spawn")
         self.conns: list[Any] = []
         self.procs: list[Any] = []
         for _ in range(size):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(child,), daemon=True)
+            proc = ctx.Process(target=_worker, args=(child, priority), daemon=True)
             proc.start()
             child.close()
             self.conns.append(parent)

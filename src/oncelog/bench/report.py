@@ -110,6 +110,16 @@ def ratios(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 # --- terminal --------------------------------------------------------------------------------------
 
+def client_priority_note(plan: dict[str, Any]) -> str:
+    """What the load generator's CPU priority means for the figures (bench.json of older runs has none)."""
+    if plan.get("client_priority", "normal") == "idle":
+        return ("The fixed-rate runs' client processes ran at idle CPU priority (SCHED_IDLE, nice 19, an "
+                "autogroup of their own): on a machine they share with the broker they take only the CPU the "
+                "broker leaves, as clients on other machines would; throughput runs' clients at normal priority.")
+    return ("Every client process ran at normal CPU priority, competing with the broker for the cores "
+            "(librdkafka's idempotent producer polls without sleeping while a partition waits for an answer).")
+
+
 def print_tables(doc: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
@@ -123,7 +133,7 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
                       f"machine, {cond['cpus']} cores). Latency p50 / p99 / p99.9 in ms at fixed rates, the same "
                       "for both brokers (a fraction of the lower peak); produce rows: acknowledgement, consume "
                       "rows: produce-to-consume. MB/s marked ! : some records were not acknowledged within "
-                      "60 s (message.timeout.ms): the broker fell behind.")
+                      "60 s (message.timeout.ms): the broker fell behind. " + client_priority_note(plan))
     for col, justify in [("workload", "left"), ("broker", "left"), ("MB/s", "right"), ("records/s", "right"),
                          ("vs tansu" if "tansu" in names else "", "right"), ("rec/batch", "right"),
                          ("CPU broker", "right"), ("CPU clients", "right"), ("CPU others", "right"),
@@ -462,7 +472,8 @@ def write_html(doc: dict[str, Any], out: Path, chart_list: list[tuple[str, str, 
 measured side by side in one run are what to read). Python {e(cond['python'])}, librdkafka {e(cond['librdkafka'])}.
 Records of {plan['size']} B, {plan['partitions']} partitions, {plan['processes']} client processes x
 {plan['producers_per_process']} producer each; throughput runs of {plan['duration_s']:g} s, fixed-rate runs of
-{plan['latency_s']:g} s (the first {plan['warmup_s']:g} s dropped). Raw figures: <code>bench.json</code>.</p>
+{plan['latency_s']:g} s (the first {plan['warmup_s']:g} s dropped). {e(client_priority_note(plan))}
+Raw figures: <code>bench.json</code>.</p>
 <ul>{brokers}</ul>
 <h2>Workloads</h2>
 <p>Producers: acks=all, linger.ms=5, batch.size=1 MiB, at most 5 requests in flight for every mode, so the

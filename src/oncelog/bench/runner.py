@@ -77,6 +77,10 @@ class Plan:
     curves: bool = True
     recovery_bytes: int = 1 << 30  # log written unflushed, then SIGKILL and restart; 0 skips it
     recovery_batch_sizes: tuple[int, ...] = (16_384, 1 << 20)  # producer batch.size of each recovery run
+    # CPU priority of the fixed-rate runs' clients (clients.lower_priority): "idle" yields to the
+    # broker it measures, as clients on machines of their own would; "normal" competes with it for
+    # the cores. Throughput runs always use normal priority (an idle load generator cannot saturate).
+    client_priority: str = "idle"
 
     @classmethod
     def full(cls) -> Plan:
@@ -86,7 +90,7 @@ class Plan:
     def quick_plan(cls) -> Plan:
         return cls(quick=True, duration_s=0.4, latency_s=0.5, warmup_s=0.1, partition_points=(1, 10),
                    producer_points=((1, 1), (2, 2)), size_points=(100, 10_240), scale_target=False,
-                   pipeline_records=0, recovery_bytes=16 << 20)
+                   pipeline_records=0, recovery_bytes=16 << 20, client_priority="normal")
 
     @property
     def pool_size(self) -> int:
@@ -173,19 +177,27 @@ def _quantiles(samples: list[float]) -> dict[str, Any]:
 
 
 class Bench:
-    def __init__(self, plan: Plan, brokers: list[Broker], pool: ClientPool, progress: Progress) -> None:
+    """Throughput runs load the brokers from ``pool`` (normal CPU priority: a load generator that
+    yields cannot saturate a broker on the cores it shares with it); fixed-rate runs, which measure
+    how fast a broker answers rather than how much it can take, from ``latency_pool`` (by default
+    the same pool; ``oncelog bench`` gives it ``plan.client_priority``)."""
+
+    def __init__(self, plan: Plan, brokers: list[Broker], pool: ClientPool, progress: Progress,
+                 latency_pool: ClientPool | None = None) -> None:
         self.plan, self.brokers, self.pool, self.progress = plan, brokers, pool, progress
+        self.latency_pool = latency_pool or pool
         self.tag = str(os.getpid())
         self.runs = 0
 
     # --- one run ------------------------------------------------------------------------------------
 
-    def _run(self, broker: Broker, jobs: list[Job]) -> tuple[RunResult, CpuSample, CpuSample]:
+    def _run(self, broker: Broker, jobs: list[Job], pool: ClientPool | None = None,
+             ) -> tuple[RunResult, CpuSample, CpuSample]:
         self.runs += 1
         for i, j in enumerate(jobs):  # transactional ids and group ids unique per run and process
             j.tag = f"{self.tag}-{self.runs}-{i}"
         box: dict[str, CpuSample] = {}
-        run = self.pool.run(jobs, on_start=lambda: box.update(a=CpuSample.take(broker.pid)))
+        run = (pool or self.pool).run(jobs, on_start=lambda: box.update(a=CpuSample.take(broker.pid)))
         after = CpuSample.take(broker.pid)
         return run, box["a"], after
 
@@ -223,7 +235,7 @@ class Bench:
         jobs += [Job("consume", broker.bootstrap, topic, [p for p in range(partitions) if p % consumers == i],
                      isolation=consume, latency=True, duration_s=self.plan.latency_s, warmup_s=self.plan.warmup_s)
                  for i in range(consumers)]
-        run, a, b = self._run(broker, jobs)
+        run, a, b = self._run(broker, jobs, self.latency_pool)
         producers, readers = run.results[:processes], run.results[processes:]
         samples = [x for r in (readers if consume else producers) for x in r.latencies_ms]
         cpu = CpuUse.between(a, b, [r.cpu_s for r in run.results])
