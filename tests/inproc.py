@@ -49,6 +49,16 @@ class Session:
     throttle_ms: int = 0
 
 
+@dataclass
+class Started:
+    """A request being handled (``InProcessBroker.start``)."""
+
+    task: asyncio.Task[Any]
+    api_key: int
+    version: int
+    correlation_id: int
+
+
 class InProcessBroker:
     def __init__(self, data_dir: Path, clock: ManualClock | None = None, **config: Any) -> None:
         self.data_dir = data_dir
@@ -85,21 +95,35 @@ class InProcessBroker:
              principal: str | None = None) -> Any:
         """Send one request (as ``principal``, e.g. ``User:alice``, if given); return the decoded
         response (None for acks=0 produce)."""
+        return self.finish(self.start(api_key, version, fields, client_id, principal))
+
+    def start(self, api_key: int, version: int, fields: dict[str, Any], client_id: str = "inproc",
+              principal: str | None = None) -> Started:
+        """Send one request and do not wait: its handling runs whenever the loop does (``finish``
+        it, or let other calls run the loop meanwhile)."""
         self._corr += 1
         frame = encode_request(api_key, version, self._corr, build(request_type(api_key, version), fields),
                                client_id=client_id)
         request = decode_request(frame[4:], self.broker.supported_versions)
         if principal is not None:
             request = replace(request, session=Session(principal))
-        result = self.broker.handlers[api_key](self.broker, request)
-        if inspect.isawaitable(result):
-            result = self.loop.run_until_complete(result)
+        return Started(self.loop.create_task(self._handle(api_key, request)), api_key, version, self._corr)
+
+    def finish(self, started: Started) -> Any:
+        """The decoded response of a started request, once its handling is done."""
+        result = self.loop.run_until_complete(started.task)
         if result is None:
             return None
-        data = encode_result(api_key, version, self._corr, result)
+        api_key, version, corr = started.api_key, started.version, started.correlation_id
+        data = encode_result(api_key, version, corr, result)
         if isinstance(data, list):  # a Fetch response's buffers
             data = b"".join(bytes(p) for p in data)
         return decode_response(api_key, version, data[4:])[1]
+
+    async def _handle(self, api_key: int, request: Any) -> Any:
+        """On the loop, as the server's connection does: a handler may start work of its own there."""
+        result = self.broker.handlers[api_key](self.broker, request)
+        return await result if inspect.isawaitable(result) else result
 
     # --- conveniences --------------------------------------------------------------------------------
     def create_topic(self, name: str, partitions: int = 1) -> None:

@@ -12,6 +12,7 @@ import random
 import socket
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -75,12 +76,14 @@ def handle(ib: InProcessBroker, frame: bytes, corr: int) -> bytes | None:
         req = decode_request(frame, ib.broker.supported_versions)
     except (MalformedRequestError, UnsupportedVersionError):
         return None  # the connection answers or closes; no handler ran
-    result = ib.broker.handlers[req.api_key](ib.broker, req)
-    if inspect.isawaitable(result):
-        try:
-            result = ib.loop.run_until_complete(asyncio.wait_for(result, 0.2))
-        except TimeoutError:
-            return None
+    async def on_the_loop() -> Any:  # as the server's connection: a handler may start work there
+        result = ib.broker.handlers[req.api_key](ib.broker, req)
+        return await asyncio.wait_for(result, 0.2) if inspect.isawaitable(result) else result
+
+    try:
+        result = ib.loop.run_until_complete(on_the_loop())
+    except TimeoutError:
+        return None
     if result is None:
         return None
     data = encode_result(req.api_key, req.api_version, corr, result)

@@ -35,6 +35,11 @@ log = logging.getLogger("oncelog.server")
 TopicPartition = tuple[str, int]
 
 
+def _ignore_result(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: the failure was recorded by ``_sync_once``
+
+
 def _fsync_and_close(fds: list[int]) -> None:
     try:
         for fd in fds:
@@ -47,6 +52,7 @@ def _fsync_and_close(fds: list[int]) -> None:
 
 LOCK_FILE = ".lock"
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
+SYNC_THREADS = 4  # fsyncs of different logs at once: a transaction step waits for the slowest, not the sum
 
 
 class DataDirInUseError(OSError):
@@ -87,8 +93,9 @@ class Broker:
         self.queued_request_bytes = 0  # request bytes read and not yet handled, all connections
         # One thread for the log directory's background flushes: fsync off the event loop.
         self._flush_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-flush")
-        # And one for the fsyncs an acknowledgement waits for (flush_every_append): group commit.
-        self._sync_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-sync")
+        # And a few for the fsyncs an answer waits for (flush_every_append, a transaction's steps):
+        # group commit per log, and the logs of one transaction step fsynced side by side.
+        self._sync_executor = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="oncelog-sync")
         # And one that reads log pages a fetch needs into the page cache (``read_into_cache``).
         self._read_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-read")
         self._syncing: dict[str, asyncio.Future[None]] = {}  # one group-commit task per log
@@ -299,6 +306,21 @@ class Broker:
             # awaiting a bare executor future here let a waiter spin on a done future (``await`` of
             # a done future does not yield) before the task that started it could record the result.
             await asyncio.shield(task)
+
+    def sync_behind(self, plog: Any) -> None:
+        """Start a group-commit fsync of ``plog`` unless one is running: transactional data is
+        fsynced while its transaction is open, so the commit that must make it durable (before its
+        PrepareCommit) finds little or nothing left to write. Never waits; a failure takes the log
+        directory offline as in :meth:`durable`. Outside an event loop (a handler called directly)
+        it does nothing: it only moves work earlier."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if plog.name not in self._syncing and plog.synced_end < plog.log_end_offset:
+            task = loop.create_task(self._sync_once(plog))
+            self._syncing[plog.name] = task
+            task.add_done_callback(_ignore_result)
 
     async def _sync_once(self, plog: Any) -> None:
         """One group-commit fsync of ``plog`` (everything appended before it was planned)."""

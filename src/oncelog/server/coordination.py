@@ -4,9 +4,17 @@ Invariants:
 - Coordinator state changes only by ``replay``: a handler's records are appended to the internal log
   first, then replayed. Startup replays every record of the internal logs through the same methods,
   so recovery runs the code that normal operation runs.
-- ``apply_txn_result`` runs without awaiting: append to ``__transaction_state``, replay, write the
-  COMMIT/ABORT markers into every partition of the transaction (and the group's offsets partition),
-  then append and replay the Complete* transition. No other request can observe a half-done step.
+- A transaction step (``apply_txn_result``, or ``answer_when_durable`` for the requests of a client)
+  makes the transaction's data durable (commit), appends its records to ``__transaction_state`` and
+  makes them durable, replays them, writes the COMMIT/ABORT markers into every partition of the
+  transaction (and the group's offsets partition) and makes them durable, then appends and replays
+  the Complete* transition. ``apply_txn_result`` does it without awaiting (the timers, loading, an
+  admin abort); ``answer_when_durable`` does the same steps in the same order with every fsync on
+  the broker's sync thread, so the event loop serves other clients meanwhile. No request observes a
+  half-done step: from the moment the result is computed until its last record is replayed, its
+  transactional id is *pending* in the coordinator, which answers every request about it with
+  CONCURRENT_TRANSACTIONS (Kafka's ``pendingState``), and each record is replayed only once it is
+  durable, so nothing is decided on a state that a power cut could still take back.
 - A crash between PrepareCommit and CompleteCommit (tests/faults/fault_broker.py injects one) leaves
   the Prepare* record in the log; on restart
   ``pending_markers()`` lists it and the markers are written again (writing a marker twice is
@@ -15,14 +23,16 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import zlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from oncelog.coordinator.group.group_coordinator import GroupCoordinator
 from oncelog.coordinator.group.offset_records import decode as decode_offset_record
 from oncelog.coordinator.producer_ids import ProducerIdManager
-from oncelog.coordinator.transaction.coordinator import TransactionCoordinator
+from oncelog.coordinator.transaction.coordinator import TransactionCoordinator, TxnResult
 from oncelog.protocol import records as rb
 from oncelog.protocol.errors import ErrorCode
 from oncelog.server.internal_log import encode_batch, read_all
@@ -34,6 +44,8 @@ if TYPE_CHECKING:
     from oncelog.server.broker import Broker
 
 log = logging.getLogger("oncelog.server")
+
+T = TypeVar("T")
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
 CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
@@ -179,6 +191,51 @@ class Coordination:
                 self.txn.replay(key, value)
         for markers in result.markers:
             self._complete(markers)
+
+    def answer_when_durable(self, transactional_id: str, result: TxnResult,
+                            answer: Callable[[TxnResult], T]) -> T | Awaitable[T]:
+        """A client's transaction step: ``answer(result)`` at once when the result changes nothing;
+        otherwise an awaitable of it, ready once every step of :meth:`apply_txn_result` is done
+        and durable, in its order, each fsync on the sync thread.
+
+        The transactional id is pending from now until its last record is replayed (module doc). The
+        steps run as a task of their own: a client that hangs up (its request cancelled) does not
+        stop a step halfway, which would leave records in the log that were never replayed.
+        """
+        if not result.records and not result.markers:
+            return answer(result)
+        self.txn.pending.add(transactional_id)
+        return self._answer_after(transactional_id, result, answer)
+
+    async def _answer_after(self, transactional_id: str, result: TxnResult, answer: Callable[[TxnResult], T]) -> T:
+        await asyncio.shield(asyncio.ensure_future(self._apply_durably(transactional_id, result)))
+        return answer(result)
+
+    async def _apply_durably(self, transactional_id: str, result: TxnResult) -> None:
+        try:
+            if result.records:
+                for markers in result.markers:
+                    if markers.commit:
+                        await self._partitions_durable(markers.partitions)
+                txn_log = self._txn_log()
+                txn_log.append(encode_batch(result.records, self.broker.clock.now_ms()),
+                               origin=AppendOrigin.COORDINATOR)
+                if result.durable:
+                    await self.broker.durable(txn_log, txn_log.log_end_offset)
+                for key, value in result.records:
+                    self.txn.replay(key, value)
+            for markers in result.markers:
+                self._write_markers(markers)
+                await self._partitions_durable(markers.partitions)
+                self.apply_txn_result(self.txn.markers_written(
+                    markers.transactional_id, markers.producer_id, markers.producer_epoch, markers.commit))
+        finally:
+            self.txn.pending.discard(transactional_id)
+
+    async def _partitions_durable(self, partitions: Any) -> None:
+        """Every one of ``partitions`` durable up to its end now; their fsyncs run side by side."""
+        logs = [plog for tp in sorted(partitions) if (plog := self.broker.logs.get_partition(*tp)) is not None]
+        await asyncio.gather(*(self.broker.durable(plog, plog.log_end_offset) for plog in logs))
 
     def _complete(self, markers: Any) -> None:
         """Second phase: markers everywhere, durable, then the Complete* record."""
@@ -338,7 +395,9 @@ class Coordination:
         half of the log the partition is left alone (nothing could be dropped). Runs without awaiting, so no
         request interleaves with the rewrite. Returns how many partitions were checkpointed.
         """
-        parts: list[tuple[Any, Any]] = [(self._txn_log(), self.txn.snapshot_records)]
+        # A pending step's records may be in the log but not yet replayed: a snapshot taken now
+        # would put the older state after them, so the transaction log waits for the next call.
+        parts: list[tuple[Any, Any]] = [] if self.txn.pending else [(self._txn_log(), self.txn.snapshot_records)]
         n_offsets = self.broker.logs.topics()[CONSUMER_OFFSETS_TOPIC].num_partitions
         for p in range(n_offsets):
             def owned(p: int = p) -> list[tuple[bytes, bytes | None]]:

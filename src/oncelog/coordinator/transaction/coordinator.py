@@ -7,6 +7,14 @@ then calls ``markers_written``, whose Complete* record it appends and replays th
 after a restart is ``replay`` over the whole log followed by ``pending_markers()``: transactions left
 in PrepareCommit/PrepareAbort get their markers written again.
 
+Pending transitions (Kafka's ``TransactionMetadata.pendingState``): a server that waits for a
+result's records to be durable before replaying them (fsyncs off its event loop) puts the
+transactional id in ``pending`` from the moment the result is computed until the last of its records
+is replayed. While it is there every request about that id answers CONCURRENT_TRANSACTIONS (a
+retriable error; fencing errors come first where Kafka's do), the timeout scan and expiration skip
+it and an admin abort is refused, so no second result is ever computed from the state the first one
+is about to replace. ``snapshot_records`` is exact only while ``pending`` is empty.
+
 Fencing: a new InitProducerId for a transactional id bumps its epoch; requests and produces that
 carry an older epoch are refused (PRODUCER_FENCED here, INVALID_PRODUCER_EPOCH at the partitions).
 An open transaction found by InitProducerId, by the timeout scan or by an admin abort is aborted
@@ -80,6 +88,8 @@ class TransactionCoordinator:
         self.offsets_partition_for = offsets_partition_for or (lambda _g: ("__consumer_offsets", 0))
         self.transactions: dict[str, TransactionMetadata] = {}
         self._by_producer_id: dict[int, str] = {}
+        # transactional ids with a computed result whose records are not all replayed yet (module doc)
+        self.pending: set[str] = set()
 
     # --- replay: the only mutation ----------------------------------------------------------------
     def replay(self, key: bytes, value: bytes | None) -> None:
@@ -130,6 +140,8 @@ class TransactionCoordinator:
             return TxnResult(producer_id=self.producer_ids.next_producer_id(), producer_epoch=0)
         if not 0 < transaction_timeout_ms <= self.transaction_max_timeout_ms:
             return TxnResult(ErrorCode.invalid_transaction_timeout)
+        if transactional_id in self.pending:  # Kafka: checked first, before the epochs
+            return TxnResult(ErrorCode.concurrent_transactions)
         now = self.clock.now_ms()
         meta = self.transactions.get(transactional_id)
         if meta is None or meta.state is S.DEAD:
@@ -192,6 +204,8 @@ class TransactionCoordinator:
             return None, ErrorCode.invalid_producer_id_mapping
         if producer_epoch != meta.producer_epoch:
             return None, ErrorCode.producer_fenced
+        if transactional_id in self.pending:
+            return None, ErrorCode.concurrent_transactions
         return meta, ErrorCode.none
 
     # --- AddPartitionsToTxn / AddOffsetsToTxn ---------------------------------------------------
@@ -260,6 +274,8 @@ class TransactionCoordinator:
     def expire(self, now_ms: int) -> list[TxnResult]:
         results = []
         for meta in list(self.transactions.values()):
+            if meta.transactional_id in self.pending:
+                continue
             if meta.state is S.ONGOING and now_ms - meta.txn_start_timestamp_ms > meta.txn_timeout_ms:
                 results.append(self._abort_with_bump(meta, now_ms))
             elif meta.state in (S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT) and \
@@ -284,6 +300,8 @@ class TransactionCoordinator:
         meta = self.transactions.get(transactional_id)
         if meta is None:
             return TxnResult(ErrorCode.transactional_id_not_found)
+        if transactional_id in self.pending:
+            return TxnResult(ErrorCode.concurrent_transactions)
         if meta.state is not S.ONGOING:
             return TxnResult(ErrorCode.invalid_txn_state)
         return self._abort_with_bump(meta, self.clock.now_ms())

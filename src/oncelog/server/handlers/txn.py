@@ -2,12 +2,15 @@
 APIs (DescribeProducers, DescribeTransactions, ListTransactions).
 
 Each handler asks the sans-IO transaction coordinator for a result and hands it to
-``Coordination.apply_txn_result``: append its records to ``__transaction_state``, replay them, write
-any markers, and record completion, all without awaiting, so no other request interleaves.
+``Coordination.answer_when_durable``: the answer goes out once the result's records are durable in
+``__transaction_state`` and replayed, its markers written and durable, and its completion recorded;
+the fsyncs run off the event loop, and the transactional id stays pending (CONCURRENT_TRANSACTIONS
+to any other request about it) until the step is whole.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol.errors import ErrorCode
@@ -22,7 +25,7 @@ def _denied(code: ErrorCode, **extra: Any) -> dict[str, Any]:
     return {"throttle_time": 0, "error_code": code, **extra}
 
 
-def handle_init_producer_id(broker: Broker, req: Request) -> dict[str, Any]:
+def handle_init_producer_id(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     body = req.body
     c = broker.coordination
     if body.transactional_id:
@@ -33,13 +36,20 @@ def handle_init_producer_id(broker: Broker, req: Request) -> dict[str, Any]:
     result = c.txn.init_producer_id(
         body.transactional_id, td_ms(body.transaction_timeout),
         getattr(body, "producer_id", -1), getattr(body, "producer_epoch", -1))
-    c.apply_txn_result(result)
+    return c.answer_when_durable(body.transactional_id or "", result, _init_producer_id_answer)
+
+
+def _init_producer_id_answer(result: Any) -> dict[str, Any]:
     return {"throttle_time": 0, "error_code": result.error,
             "producer_id": result.producer_id if result.error == ErrorCode.none else -1,
             "producer_epoch": result.producer_epoch if result.error == ErrorCode.none else -1}
 
 
-def handle_add_partitions_to_txn(broker: Broker, req: Request) -> dict[str, Any]:
+def _error_answer(result: Any) -> dict[str, Any]:
+    return {"throttle_time": 0, "error_code": result.error}
+
+
+def handle_add_partitions_to_txn(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     body = req.body
     c = broker.coordination
     transactional_id = body.v3_and_below_transactional_id
@@ -57,8 +67,11 @@ def handle_add_partitions_to_txn(broker: Broker, req: Request) -> dict[str, Any]
                   for tp in requested}
     else:
         result = c.txn.add_partitions_to_txn(transactional_id, producer_id, producer_epoch, requested)
-        c.apply_txn_result(result)
-        errors = result.partition_errors
+        return c.answer_when_durable(transactional_id, result, lambda r: _add_partitions_answer(r.partition_errors))
+    return _add_partitions_answer(errors)
+
+
+def _add_partitions_answer(errors: dict[tuple[str, int], ErrorCode]) -> dict[str, Any]:
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (topic, p), code in errors.items():
         by_topic.setdefault(topic, []).append({"partition_index": p, "partition_error_code": code})
@@ -66,7 +79,7 @@ def handle_add_partitions_to_txn(broker: Broker, req: Request) -> dict[str, Any]
             "results_by_topic_v3_and_below": [{"name": t, "results_by_partition": rs} for t, rs in by_topic.items()]}
 
 
-def handle_add_offsets_to_txn(broker: Broker, req: Request) -> dict[str, Any]:
+def handle_add_offsets_to_txn(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     body = req.body
     c = broker.coordination
     if not allowed(broker, req, Op.WRITE, R.TRANSACTIONAL_ID, body.transactional_id):
@@ -74,18 +87,16 @@ def handle_add_offsets_to_txn(broker: Broker, req: Request) -> dict[str, Any]:
     if not allowed(broker, req, Op.READ, R.GROUP, body.group_id):
         return _denied(ErrorCode.group_authorization_failed)
     result = c.txn.add_offsets_to_txn(body.transactional_id, body.producer_id, body.producer_epoch, body.group_id)
-    c.apply_txn_result(result)
-    return {"throttle_time": 0, "error_code": result.error}
+    return c.answer_when_durable(body.transactional_id, result, _error_answer)
 
 
-def handle_end_txn(broker: Broker, req: Request) -> dict[str, Any]:
+def handle_end_txn(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     body = req.body
     c = broker.coordination
     if not allowed(broker, req, Op.WRITE, R.TRANSACTIONAL_ID, body.transactional_id):
         return _denied(ErrorCode.transactional_id_authorization_failed)
     result = c.txn.end_txn(body.transactional_id, body.producer_id, body.producer_epoch, body.committed)
-    c.apply_txn_result(result)
-    return {"throttle_time": 0, "error_code": result.error}
+    return c.answer_when_durable(body.transactional_id, result, _error_answer)
 
 
 def handle_describe_producers(broker: Broker, req: Request) -> dict[str, Any]:

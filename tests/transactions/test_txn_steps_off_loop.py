@@ -1,0 +1,221 @@
+"""A transaction step's fsyncs run off the event loop, in their order, with its transactional id
+pending meanwhile (``Coordination.answer_when_durable``).
+
+Invariants checked here, on an in-process broker whose fsyncs can be held:
+
+- while a commit waits for an fsync, the broker answers other clients;
+- every other request about that transactional id answers CONCURRENT_TRANSACTIONS, unless a fence
+  refuses it first (a stranger's producer id: INVALID_PRODUCER_ID_MAPPING; a wrong epoch on
+  EndTxn or AddPartitionsToTxn: PRODUCER_FENCED); none of them changes anything, and neither do
+  the timeout scan or an admin abort;
+- the durability order: each data partition of a committed transaction is fsynced after its last
+  write and before the PrepareCommit is written; the PrepareCommit is fsynced before any marker is
+  written; every marker is fsynced before the CompleteCommit is written;
+- a client that hangs up in the middle of its EndTxn does not stop the step halfway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from oncelog.coordinator.transaction.state import TransactionState
+from oncelog.storage import fileio
+from tests.inproc import API_END_TXN, API_WRITE_TXN_MARKERS, InProcessBroker
+from tests.storage.helpers import batch
+
+T = "t"
+TID = "tx"
+CONCURRENT = ErrorCode.concurrent_transactions.value
+
+
+class HeldFsyncs:
+    """Records every write and fsync as (op, file) in order; while ``hold`` names a substring of
+    a path, an fsync of such a file off the main thread waits until ``release``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.hold: str | None = None
+        self.held = threading.Event()
+        self._go = threading.Event()
+        self._lock = threading.Lock()
+        real_fsync, real_pwrite = fileio.fs.fsync, fileio.fs.pwrite
+
+        def fsync(fd: int) -> None:
+            path = _path(fd)
+            if self.hold and self.hold in path and threading.current_thread() is not threading.main_thread():
+                self.held.set()
+                assert self._go.wait(30), "the held fsync was never released"
+            real_fsync(fd)
+            with self._lock:
+                self.events.append(("fsync", path))
+
+        def pwrite(fd: int, data: Any, offset: int) -> Any:
+            with self._lock:
+                self.events.append(("write", _path(fd)))
+            return real_pwrite(fd, data, offset)
+
+        monkeypatch.setattr(fileio.fs, "fsync", fsync)
+        monkeypatch.setattr(fileio.fs, "pwrite", pwrite)
+
+    def release(self) -> None:
+        self.hold = None
+        self._go.set()
+
+
+def _path(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return f"fd {fd}"
+
+
+@pytest.fixture
+def fs(monkeypatch: pytest.MonkeyPatch) -> HeldFsyncs:
+    return HeldFsyncs(monkeypatch)
+
+
+@pytest.fixture
+def b(tmp_path: Path, fs: HeldFsyncs) -> Iterator[InProcessBroker]:
+    broker = InProcessBroker(tmp_path / "data")
+    broker.create_topic(T, 2)
+    broker.create_topic("other", 1)
+    yield broker
+    fs.release()
+    broker.close()
+
+
+def open_transaction(b: InProcessBroker) -> tuple[int, int]:
+    code, pid, epoch = b.init_producer_id(TID)
+    assert code == 0
+    assert b.add_partitions(TID, pid, epoch, [(T, 0), (T, 1)]) == {(T, 0): 0, (T, 1): 0}
+    for p in (0, 1):
+        assert b.produce(T, p, batch(2, pid=pid, epoch=epoch, seq=0, txn=True, value=b"p%d" % p),
+                         transactional_id=TID) == 0
+    return pid, epoch
+
+
+def run_until(b: InProcessBroker, condition: Any, timeout_s: float = 10.0) -> None:
+    async def wait() -> None:
+        while not condition():
+            await asyncio.sleep(0.005)
+
+    b.loop.run_until_complete(asyncio.wait_for(wait(), timeout_s))
+
+
+def start_end_txn(b: InProcessBroker, pid: int, epoch: int, fs: HeldFsyncs) -> Any:
+    """EndTxn(commit), held at the PrepareCommit's fsync: its record is written, not yet replayed."""
+    fs.hold = "__transaction_state"
+    started = b.start(API_END_TXN, 3, {"transactional_id": TID, "producer_id": pid, "producer_epoch": epoch,
+                                       "committed": True})
+    run_until(b, fs.held.is_set)
+    assert TID in b.broker.coordination.txn.pending
+    return started
+
+
+def test_a_commit_waiting_for_its_fsync_leaves_the_broker_serving_and_its_id_pending(
+        b: InProcessBroker, fs: HeldFsyncs) -> None:
+    pid, epoch = open_transaction(b)
+    txn = b.broker.coordination.txn
+    started = start_end_txn(b, pid, epoch, fs)
+    before = txn.state_of(TID)
+    assert before is not None and before.state is TransactionState.ONGOING  # written, not replayed
+
+    # Other clients are served meanwhile.
+    assert b.produce("other", 0, batch(value=b"meanwhile")) == 0
+    assert b.visible_values("other", 0) == [b"meanwhile"]
+    # Everything about this transactional id waits, or is fenced first; nothing changes.
+    assert b.init_producer_id(TID)[0] == CONCURRENT
+    assert b.init_producer_id(TID, pid, epoch)[0] == CONCURRENT  # KIP-360 re-init by the owner
+    assert b.end_txn(TID, pid, epoch, commit=True) == CONCURRENT  # a retry of the same EndTxn
+    assert b.end_txn(TID, pid, epoch, commit=False) == CONCURRENT
+    assert b.add_partitions(TID, pid, epoch, [(T, 0)]) == {(T, 0): CONCURRENT}
+    assert b.end_txn(TID, pid, epoch + 1, commit=False) == ErrorCode.producer_fenced.value  # a wrong epoch
+    assert b.end_txn(TID, pid + 1, epoch, commit=False) == ErrorCode.invalid_producer_id_mapping.value
+    assert b.add_partitions(TID, pid, epoch + 1, [(T, 0)]) == {(T, 0): ErrorCode.producer_fenced.value}
+    admin_abort = b.call(API_WRITE_TXN_MARKERS, 1, {"markers": [{
+        "producer_id": pid, "producer_epoch": epoch, "transaction_result": False,
+        "topics": [{"name": T, "partition_indexes": [0]}], "coordinator_epoch": 0}]})
+    assert admin_abort.markers[0].topics[0].partitions[0].error_code == CONCURRENT
+    b.clock.advance(3_600_000)  # far past the transaction's timeout
+    b.broker.coordination.expire_transactions()
+    assert txn.state_of(TID) == before
+
+    fs.release()
+    assert b.finish(started).error_code == 0
+    after = txn.state_of(TID)
+    assert after is not None and after.state is TransactionState.COMPLETE_COMMIT
+    assert after.producer_epoch == epoch and TID not in txn.pending
+    assert b.visible_values(T, 0) == [b"p0", b"p0"] and b.visible_values(T, 1) == [b"p1", b"p1"]
+    assert b.end_txn(TID, pid, epoch, commit=True) == 0  # the retry now finds it committed
+
+
+def test_a_client_hanging_up_mid_commit_does_not_stop_it_halfway(b: InProcessBroker, fs: HeldFsyncs) -> None:
+    pid, epoch = open_transaction(b)
+    started = start_end_txn(b, pid, epoch, fs)
+    started.task.cancel()  # what the connection does when its client disconnects
+    fs.release()
+    txn = b.broker.coordination.txn
+    run_until(b, lambda: TID not in txn.pending)
+    state = txn.state_of(TID)
+    assert state is not None and state.state is TransactionState.COMPLETE_COMMIT
+    assert b.visible_values(T, 0) == [b"p0", b"p0"]
+    b.restart()  # and the log says the same
+    assert b.visible_values(T, 1) == [b"p1", b"p1"]
+    state = b.broker.coordination.txn.state_of(TID)
+    assert state is not None and state.state is TransactionState.COMPLETE_COMMIT
+
+
+def _last(events: list[tuple[str, str]], op: str, where: str, before: int) -> int:
+    return max((i for i, (o, path) in enumerate(events[:before]) if o == op and where in path), default=-1)
+
+
+def _first(events: list[tuple[str, str]], op: str, where: str, after: int) -> int:
+    return next((i for i, (o, path) in enumerate(events) if i > after and o == op and where in path), len(events))
+
+
+@pytest.mark.parametrize("behind", [True, False], ids=["synced-behind", "all-at-commit"])
+@pytest.mark.parametrize("transactions", [1, 3])
+def test_each_step_is_durable_before_the_next_is_written(b: InProcessBroker, fs: HeldFsyncs, transactions: int,
+                                                         behind: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The order of writes and fsyncs on disk, for consecutive commits, with the data fsynced
+    behind the producer (``Broker.sync_behind``) or left for the commit to fsync."""
+    if not behind:
+        monkeypatch.setattr(type(b.broker), "sync_behind", lambda self, plog: None)
+    code, pid, epoch = b.init_producer_id(TID)
+    assert code == 0
+    seq = 0
+    for n in range(transactions):
+        start = len(fs.events)
+        assert b.add_partitions(TID, pid, epoch, [(T, 0), (T, 1)]) == {(T, 0): 0, (T, 1): 0}
+        for p in (0, 1):
+            assert b.produce(T, p, batch(3, pid=pid, epoch=epoch, seq=seq, txn=True, value=b"%d" % n),
+                             transactional_id=TID) == 0
+        seq += 3
+        end_txn = len(fs.events) - start
+        assert b.end_txn(TID, pid, epoch, commit=True) == 0
+        ev = fs.events[start:]
+        log = "__transaction_state-0"
+        prepare = _first(ev, "write", log, end_txn - 1)
+        complete = _first(ev, "write", log, prepare)
+        assert prepare < complete < len(ev), ev
+        first_marker = min(_first(ev, "write", f"/{T}-{p}/", prepare) for p in (0, 1))
+        assert prepare < first_marker < complete, ev
+        # the PrepareCommit is durable before any marker is written
+        assert prepare < _last(ev, "fsync", log, first_marker), ev
+        for p in (0, 1):
+            part = f"/{T}-{p}/"
+            # the transaction's data is durable before the PrepareCommit is written
+            last_data = _last(ev, "write", part, prepare)
+            assert 0 <= last_data < _last(ev, "fsync", part, prepare), ev
+            # the marker is durable before the CompleteCommit is written
+            marker = _first(ev, "write", part, prepare)
+            assert marker < _last(ev, "fsync", part, complete), ev
+        assert b.visible_values(T, 0)[-3:] == [b"%d" % n] * 3
