@@ -27,6 +27,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from oncelog.coordinator.transaction.state import TransactionState
+from oncelog.server import broker as broker_module
 from oncelog.storage import fileio
 from tests.inproc import API_END_TXN, API_WRITE_TXN_MARKERS, InProcessBroker
 from tests.storage.helpers import batch
@@ -187,8 +188,10 @@ def test_each_step_is_durable_before_the_next_is_written(b: InProcessBroker, fs:
                                                          behind: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """The order of writes and fsyncs on disk, for consecutive commits, with the data fsynced
     behind the producer (``Broker.sync_behind``) or left for the commit to fsync."""
-    if not behind:
-        monkeypatch.setattr(type(b.broker), "sync_behind", lambda self, plog: None)
+    if behind:
+        monkeypatch.setattr(broker_module, "SYNC_BEHIND_BYTES", 1)  # after every append
+    else:
+        monkeypatch.setattr(type(b.broker), "sync_behind", lambda self, plog, nbytes: None)
     code, pid, epoch = b.init_producer_id(TID)
     assert code == 0
     seq = 0
@@ -219,3 +222,25 @@ def test_each_step_is_durable_before_the_next_is_written(b: InProcessBroker, fs:
             marker = _first(ev, "write", part, prepare)
             assert marker < _last(ev, "fsync", part, complete), ev
         assert b.visible_values(T, 0)[-3:] == [b"%d" % n] * 3
+
+
+def test_transactional_data_is_fsynced_behind_the_producer_in_large_steps(b: InProcessBroker,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Broker.sync_behind``: no fsync until SYNC_BEHIND_BYTES are unsynced in a partition, then
+    one (off the loop), without waiting for the commit; plain appends never start one."""
+    monkeypatch.setattr(broker_module, "SYNC_BEHIND_BYTES", 3_000)
+    code, pid, epoch = b.init_producer_id(TID)
+    assert b.add_partitions(TID, pid, epoch, [(T, 0)]) == {(T, 0): 0}
+    plog = b.broker.logs.get_partition(T, 0)
+    other = b.broker.logs.get_partition("other", 0)
+    assert plog is not None and other is not None
+    synced = plog.synced_end
+    for seq in range(2):  # about 2,100 bytes: below the threshold
+        assert b.produce(T, 0, batch(pid=pid, epoch=epoch, seq=seq, txn=True, size=1_000), transactional_id=TID) == 0
+        assert b.produce("other", 0, batch(size=5_000)) == 0
+    run_until(b, lambda: True)
+    assert plog.synced_end == synced and other.synced_end == 0
+    assert b.produce(T, 0, batch(pid=pid, epoch=epoch, seq=2, txn=True, size=1_000), transactional_id=TID) == 0
+    run_until(b, lambda: plog.synced_end == plog.log_end_offset)  # the third crosses it
+    assert other.synced_end == 0
+    assert b.end_txn(TID, pid, epoch, commit=True) == 0

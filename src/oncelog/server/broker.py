@@ -53,6 +53,7 @@ def _fsync_and_close(fds: list[int]) -> None:
 LOCK_FILE = ".lock"
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 SYNC_THREADS = 4  # fsyncs of different logs at once: a transaction step waits for the slowest, not the sum
+SYNC_BEHIND_BYTES = 256 << 10  # sync_behind: a transactional partition fsynced every this many bytes
 
 
 class DataDirInUseError(OSError):
@@ -99,6 +100,7 @@ class Broker:
         # And one that reads log pages a fetch needs into the page cache (``read_into_cache``).
         self._read_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-read")
         self._syncing: dict[str, asyncio.Future[None]] = {}  # one group-commit task per log
+        self._unsynced_bytes: dict[str, int] = {}  # per log: transactional bytes since sync_behind last started one
         self.produce_quota = QuotaManager(config.quota_producer_default)
         self.fetch_quota = QuotaManager(config.quota_consumer_default)
         self._waiters: dict[TopicPartition, set[asyncio.Future[None]]] = {}
@@ -307,17 +309,24 @@ class Broker:
             # a done future does not yield) before the task that started it could record the result.
             await asyncio.shield(task)
 
-    def sync_behind(self, plog: Any) -> None:
-        """Start a group-commit fsync of ``plog`` unless one is running: transactional data is
-        fsynced while its transaction is open, so the commit that must make it durable (before its
-        PrepareCommit) finds little or nothing left to write. Never waits; a failure takes the log
-        directory offline as in :meth:`durable`. Outside an event loop (a handler called directly)
-        it does nothing: it only moves work earlier."""
+    def sync_behind(self, plog: Any, nbytes: int) -> None:
+        """After ``nbytes`` of transactional data were appended to ``plog``: once at least
+        SYNC_BEHIND_BYTES are unsynced there, start a group-commit fsync of it unless one is
+        running. So a transaction's data is mostly durable before its commit, whose PrepareCommit
+        must wait for all of it, and the fsyncs stay few and large (one per append would slow the
+        appends themselves). Never waits; a failure takes the log directory offline as in
+        :meth:`durable`. Outside an event loop (a handler called directly) it does nothing: it only
+        moves work earlier."""
+        unsynced = self._unsynced_bytes.get(plog.name, 0) + nbytes
+        if unsynced < SYNC_BEHIND_BYTES or plog.name in self._syncing:
+            self._unsynced_bytes[plog.name] = unsynced
+            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        if plog.name not in self._syncing and plog.synced_end < plog.log_end_offset:
+        self._unsynced_bytes.pop(plog.name, None)
+        if plog.synced_end < plog.log_end_offset:
             task = loop.create_task(self._sync_once(plog))
             self._syncing[plog.name] = task
             task.add_done_callback(_ignore_result)

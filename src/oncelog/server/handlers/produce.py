@@ -94,7 +94,7 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
     if durability is not None and plog.must_sync:
         durability.append((plog, result.last_offset + 1))
     elif first.is_transactional:
-        broker.sync_behind(plog)
+        broker.sync_behind(plog, len(data))
     if not result.duplicate:
         broker.notify_append((topic, partition))
     return {"index": partition, "error_code": ErrorCode.none, "base_offset": result.base_offset,
