@@ -195,3 +195,14 @@ def test_the_pools_processes_run_at_the_priority_asked_for() -> None:
             assert os.sched_getscheduler(pid) == policy, priority
         finally:
             pool.close()
+
+
+def test_repeated_latency_runs_keep_the_median_p99_run() -> None:
+    from oncelog.bench.runner import median_run
+
+    runs = [{"p99": 30.0, "p50": 3.0}, {"p99": 10.0, "p50": 1.0}, {"p99": 20.0, "p50": 2.0}]
+    assert median_run(runs) == {"p99": 20.0, "p50": 2.0, "p99_runs": [30.0, 10.0, 20.0]}
+    assert median_run(runs[:2])["p50"] == 1.0  # an even count: the lower middle run
+    assert median_run([{"p99": 5.0}])["p99_runs"] == [5.0]
+    assert median_run([*runs, {"error": "client process 1 did not answer"}]) == {
+        "error": "client process 1 did not answer"}

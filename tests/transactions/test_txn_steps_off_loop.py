@@ -230,6 +230,7 @@ def test_transactional_data_is_fsynced_behind_the_producer_in_large_steps(b: InP
     one (off the loop), without waiting for the commit; plain appends never start one."""
     monkeypatch.setattr(broker_module, "SYNC_BEHIND_BYTES", 3_000)
     code, pid, epoch = b.init_producer_id(TID)
+    assert code == 0
     assert b.add_partitions(TID, pid, epoch, [(T, 0)]) == {(T, 0): 0}
     plog = b.broker.logs.get_partition(T, 0)
     other = b.broker.logs.get_partition("other", 0)

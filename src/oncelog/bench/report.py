@@ -110,6 +110,15 @@ def ratios(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 # --- terminal --------------------------------------------------------------------------------------
 
+def repeats_note(plan: dict[str, Any]) -> str:
+    """How the workload rows' latency figures were chosen (bench.json of older runs: one run each)."""
+    n = plan.get("latency_repeats", 1)
+    if n <= 1:
+        return "One fixed-rate run per broker and rate."
+    return (f"{n} fixed-rate runs per broker and rate of the workload rows, the brokers taking turns; each figure "
+            "is the run with the median p99 (every run's p99 is in bench.json, p99_runs).")
+
+
 def client_priority_note(plan: dict[str, Any]) -> str:
     """What the load generator's CPU priority means for the figures (bench.json of older runs has none)."""
     if plan.get("client_priority", "normal") == "idle":
@@ -133,7 +142,8 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
                       f"machine, {cond['cpus']} cores). Latency p50 / p99 / p99.9 in ms at fixed rates, the same "
                       "for both brokers (a fraction of the lower peak); produce rows: acknowledgement, consume "
                       "rows: produce-to-consume. MB/s marked ! : some records were not acknowledged within "
-                      "60 s (message.timeout.ms): the broker fell behind. " + client_priority_note(plan))
+                      "60 s (message.timeout.ms): the broker fell behind. " + repeats_note(plan) + " "
+                      + client_priority_note(plan))
     for col, justify in [("workload", "left"), ("broker", "left"), ("MB/s", "right"), ("records/s", "right"),
                          ("vs tansu" if "tansu" in names else "", "right"), ("rec/batch", "right"),
                          ("CPU broker", "right"), ("CPU clients", "right"), ("CPU others", "right"),
@@ -472,8 +482,8 @@ def write_html(doc: dict[str, Any], out: Path, chart_list: list[tuple[str, str, 
 measured side by side in one run are what to read). Python {e(cond['python'])}, librdkafka {e(cond['librdkafka'])}.
 Records of {plan['size']} B, {plan['partitions']} partitions, {plan['processes']} client processes x
 {plan['producers_per_process']} producer each; throughput runs of {plan['duration_s']:g} s, fixed-rate runs of
-{plan['latency_s']:g} s (the first {plan['warmup_s']:g} s dropped). {e(client_priority_note(plan))}
-Raw figures: <code>bench.json</code>.</p>
+{plan['latency_s']:g} s (the first {plan['warmup_s']:g} s dropped). {e(repeats_note(plan))}
+{e(client_priority_note(plan))} Raw figures: <code>bench.json</code>.</p>
 <ul>{brokers}</ul>
 <h2>Workloads</h2>
 <p>Producers: acks=all, linger.ms=5, batch.size=1 MiB, at most 5 requests in flight for every mode, so the

@@ -64,6 +64,7 @@ class Plan:
     processes: int = 2  # producer (and consumer) processes of the workload rows
     producers_per_process: int = 1
     fractions: tuple[float, ...] = (0.05, 0.5)
+    latency_repeats: int = 3  # fixed-rate runs per broker and rate of the workload rows (median p99 kept)
     curve_fraction: float = 0.5  # p99 on the curves: at this fraction of each point's peak
     rows: tuple[str, ...] = tuple(ROWS)
     partition_points: tuple[int, ...] = (1, 10, 100, 1000)
@@ -90,7 +91,7 @@ class Plan:
     def quick_plan(cls) -> Plan:
         return cls(quick=True, duration_s=0.4, latency_s=0.5, warmup_s=0.1, partition_points=(1, 10),
                    producer_points=((1, 1), (2, 2)), size_points=(100, 10_240), scale_target=False,
-                   pipeline_records=0, recovery_bytes=16 << 20, client_priority="normal")
+                   pipeline_records=0, recovery_bytes=16 << 20, client_priority="normal", latency_repeats=1)
 
     @property
     def pool_size(self) -> int:
@@ -167,6 +168,17 @@ def _summary(run: RunResult, before: CpuSample, after: CpuSample, broker: Broker
         out["batch_records_avg"] = round(sum(r.batch_records for r in run.results) / batches, 1)
         out["batch_bytes_avg"] = round(sum(r.batch_bytes for r in run.results) / batches)
     return out
+
+
+def median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of repeated fixed-rate runs, the one with the median p99 (the lower middle one of an even
+    count), with every run's p99 beside it (``p99_runs``, in run order); a failed run makes the
+    figure a failure."""
+    failed = [r for r in results if "error" in r]
+    if failed or not results:
+        return failed[0] if failed else {"error": "no run"}
+    ranked = sorted(results, key=lambda r: (r.get("p99") is None, r.get("p99") or 0.0))
+    return {**ranked[(len(ranked) - 1) // 2], "p99_runs": [r.get("p99") for r in results]}
 
 
 def _quantiles(samples: list[float]) -> dict[str, Any]:
@@ -297,24 +309,36 @@ class Bench:
         if not peak:
             return
         row["peak_records_per_s"] = peak
+        topics: dict[str, str] = {}
         for broker in self.brokers:
             entry = row["brokers"].setdefault(broker.name, {"latency": {}})
             try:
-                topic = broker.topic(f"{name}-lat", plan.partitions)
+                topics[broker.name] = broker.topic(f"{name}-lat", plan.partitions)
             except BenchError as exc:
                 entry["latency"] = {f"{f * 100:g}%": {"error": str(exc)} for f in plan.fractions}
-                continue
-            for fraction in plan.fractions:
-                label = f"{fraction * 100:g}%"
-                self.progress(f"{spec.label} on {broker.name}: latency at {label} of the peak")
-                try:
-                    entry["latency"][label] = self.latency(
-                        broker, topic, plan.partitions, peak * fraction, mode=spec.mode, processes=plan.processes,
-                        per_process=plan.producers_per_process, size=plan.size,
-                        consume=spec.isolation if spec.kind == "consume" else "")
-                except BenchError as exc:
-                    entry["latency"][label] = {"error": str(exc)}
-            broker.delete(topic)
+        for fraction in plan.fractions:
+            label = f"{fraction * 100:g}%"
+            runs: dict[str, list[dict[str, Any]]] = {b: [] for b in topics}
+            # The brokers take turns, run after run, so that a slow moment of the machine falls on
+            # both; each broker's figure is its run with the median p99.
+            for i in range(plan.latency_repeats):
+                for broker in self.brokers:
+                    if broker.name not in topics:
+                        continue
+                    self.progress(f"{spec.label} on {broker.name}: latency at {label} of the peak "
+                                  f"({i + 1}/{plan.latency_repeats})")
+                    try:
+                        runs[broker.name].append(self.latency(
+                            broker, topics[broker.name], plan.partitions, peak * fraction, mode=spec.mode,
+                            processes=plan.processes, per_process=plan.producers_per_process, size=plan.size,
+                            consume=spec.isolation if spec.kind == "consume" else ""))
+                    except BenchError as exc:
+                        runs[broker.name].append({"error": str(exc)})
+            for broker_name, results in runs.items():
+                row["brokers"][broker_name]["latency"][label] = median_run(results)
+        for broker in self.brokers:
+            if broker.name in topics:
+                broker.delete(topics[broker.name])
 
     # --- curves -------------------------------------------------------------------------------------
 
