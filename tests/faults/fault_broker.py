@@ -20,7 +20,7 @@ def arm(fault: str) -> None:
     from oncelog.server.coordination import Coordination
 
     if fault == "after_prepare":
-        def crash(self: Any, markers: Any) -> None:
+        def crash(self: Any, markers: Any, **_options: Any) -> None:
             print(f"fault after_prepare: exiting before the markers of {markers.transactional_id!r}",
                   file=sys.stderr, flush=True)
             os._exit(EXIT_CODE)

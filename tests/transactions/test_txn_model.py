@@ -5,7 +5,10 @@ wire, tests/inproc.py) with several transactional ids, each with several client 
 inits (which fence the previous instance: it becomes a zombie), KIP-360 re-inits and their retries,
 AddPartitions + produce, EndTxn commit/abort, transaction timeouts, restarts (kill -9 or clean),
 and hostile requests (non-transactional batches with a transactional producer id, stale or future
-epochs, partitions outside the transaction, producer ids never handed out, zombies on every path).
+epochs, partitions outside the transaction, producer ids never handed out, zombies on every path),
+also while a live instance's EndTxn is held in the fsync of its PrepareCommit (the step is pending:
+every request about that id answers CONCURRENT_TRANSACTIONS or a fence, the timeout scan passes it
+by, and the step then completes as if alone).
 A small reference model says what every answer must be and what read_committed must show.
 
 Invariants, checked after every step:
@@ -25,24 +28,65 @@ all; make fuzz: 10,000+).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 from kio.schema.errors import ErrorCode
 
-from tests.inproc import InProcessBroker
+from oncelog.storage import fileio
+from tests.inproc import API_END_TXN, InProcessBroker
 from tests.storage.helpers import batch
 
 TOPIC = "m"
 PARTITIONS = [(TOPIC, 0), (TOPIC, 1)]
 TIDS = ["A", "B"]
 TIMEOUT_MS = 10_000
+MEANWHILE = ["fresh-init", "owner-reinit", "zombie-reinit", "owner-end", "zombie-end", "owner-add", "timeouts",
+             "client-abort"]
+
+
+class TxnLogGate:
+    """Holds the fsyncs of ``__transaction_state`` made off the main thread while ``held`` is set."""
+
+    def __init__(self) -> None:
+        self.real = fileio.fs.fsync
+        self.holding = False
+        self.reached = threading.Event()
+        self.go = threading.Event()
+        fileio.fs.fsync = self.fsync  # type: ignore[method-assign]
+
+    def fsync(self, fd: int) -> None:
+        if self.holding and threading.current_thread() is not threading.main_thread():
+            try:
+                path = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                path = ""
+            if "__transaction_state" in path:
+                self.reached.set()
+                assert self.go.wait(30), "held fsync never released"
+        self.real(fd)
+
+    def hold(self) -> None:
+        self.reached.clear()
+        self.go.clear()
+        self.holding = True
+
+    def release(self) -> None:
+        self.holding = False
+        self.go.set()
+
+    def close(self) -> None:
+        self.release()
+        fileio.fs.fsync = self.real  # type: ignore[method-assign]
 
 
 @dataclass
@@ -70,6 +114,7 @@ class TransactionModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="oncelog-model-"))
+        self.gate = TxnLogGate()
         self.b = InProcessBroker(self.dir / "d", flush_every_append=True)
         self.b.create_topic(TOPIC, len(PARTITIONS))
         self.current: dict[str, tuple[int, int] | None] = dict.fromkeys(TIDS)
@@ -82,6 +127,7 @@ class TransactionModel(RuleBasedStateMachine):
         assert err == 0
 
     def teardown(self) -> None:
+        self.gate.close()
         self.b.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -199,13 +245,66 @@ class TransactionModel(RuleBasedStateMachine):
         if commit:
             self.committed.update(txn.values)
 
+    @rule(inst=instances, commit=st.booleans(),
+          meanwhile=st.lists(st.sampled_from(MEANWHILE), min_size=1, max_size=4))
+    def end_txn_while_others_ask(self, inst: Instance, commit: bool, meanwhile: list[str]) -> None:
+        """The live instance's EndTxn, held in the fsync of its Prepare record (written, not yet
+        replayed); meanwhile others ask about the same transactional id."""
+        tid = inst.tid
+        if not self._is_live(inst) or tid not in self.open:
+            return
+        self.gate.hold()
+        started = self.b.start(API_END_TXN, 3, {"transactional_id": tid, "producer_id": inst.pid,
+                                                 "producer_epoch": inst.epoch, "committed": commit})
+        self._run_until(self.gate.reached.is_set)
+        before = self.b.broker.coordination.txn.state_of(tid)
+        stale = (inst.pid, inst.epoch - 1 if inst.epoch > 0 else inst.epoch + 1)
+        concurrent = ErrorCode.concurrent_transactions
+        for what in meanwhile:
+            if what == "fresh-init":
+                assert self.b.init_producer_id(tid, timeout_ms=TIMEOUT_MS)[0] == concurrent
+            elif what == "owner-reinit":
+                assert self.b.init_producer_id(tid, inst.pid, inst.epoch, timeout_ms=TIMEOUT_MS)[0] == concurrent
+            elif what == "zombie-reinit":
+                assert self.b.init_producer_id(tid, *stale, timeout_ms=TIMEOUT_MS)[0] == concurrent
+            elif what == "owner-end":
+                assert self.b.end_txn(tid, inst.pid, inst.epoch, not commit) == concurrent
+            elif what == "zombie-end":
+                assert self.b.end_txn(tid, *stale, commit) == ErrorCode.producer_fenced
+            elif what == "owner-add":
+                tp = next(iter(self.open[tid].partitions))
+                assert self.b.add_partitions(tid, inst.pid, inst.epoch, [tp]) == {tp: concurrent}
+            elif what == "timeouts":
+                self.transaction_timeouts()  # every other open transaction is fenced; this one waits
+            else:
+                tp = next(iter(self.open[tid].partitions))
+                r = self.b.call(27, 1, {"markers": [{"producer_id": inst.pid, "producer_epoch": inst.epoch,
+                                                     "transaction_result": False, "coordinator_epoch": 0,
+                                                     "topics": [{"name": tp[0], "partition_indexes": [tp[1]]}]}]})
+                assert r.markers[0].topics[0].partitions[0].error_code == concurrent
+            assert self.b.broker.coordination.txn.state_of(tid) == before, what
+        self.gate.release()
+        assert self.b.finish(started).error_code == 0
+        txn = self.open.pop(tid)
+        if commit:
+            self.committed.update(txn.values)
+
+    def _run_until(self, condition: Any) -> None:
+        async def wait() -> None:
+            while not condition():
+                await asyncio.sleep(0.002)
+
+        self.b.loop.run_until_complete(asyncio.wait_for(wait(), 10))
+
     # --- time, restarts, strangers ------------------------------------------------------------------
     @rule()
     def transaction_timeouts(self) -> None:
         self.b.clock.advance(TIMEOUT_MS + 1)
         self.b.broker.coordination.expire_transactions()
+        pending = self.b.broker.coordination.txn.pending
         for tid in list(self.open):
-            self._fenced_by_coordinator(tid)
+            if tid not in pending:
+                self._fenced_by_coordinator(tid)
 
     @rule(clean=st.booleans())
     def restart(self, clean: bool) -> None:

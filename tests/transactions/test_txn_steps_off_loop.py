@@ -83,9 +83,9 @@ def fs(monkeypatch: pytest.MonkeyPatch) -> HeldFsyncs:
     return HeldFsyncs(monkeypatch)
 
 
-@pytest.fixture
-def b(tmp_path: Path, fs: HeldFsyncs) -> Iterator[InProcessBroker]:
-    broker = InProcessBroker(tmp_path / "data")
+@pytest.fixture(params=[False, True], ids=["background-fsync", "flush-every-append"])
+def b(tmp_path: Path, fs: HeldFsyncs, request: pytest.FixtureRequest) -> Iterator[InProcessBroker]:
+    broker = InProcessBroker(tmp_path / "data", flush_every_append=request.param)
     broker.create_topic(T, 2)
     broker.create_topic("other", 1)
     yield broker
@@ -227,8 +227,10 @@ def test_each_step_is_durable_before_the_next_is_written(b: InProcessBroker, fs:
 def test_transactional_data_is_fsynced_behind_the_producer_in_large_steps(b: InProcessBroker,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """``Broker.sync_behind``: no fsync until SYNC_BEHIND_BYTES are unsynced in a partition, then
-    one (off the loop), without waiting for the commit; plain appends never start one."""
+    one (off the loop), without waiting for the commit; plain appends never start one. (With
+    flush_every_append every append is durable before its answer anyway.)"""
     monkeypatch.setattr(broker_module, "SYNC_BEHIND_BYTES", 3_000)
+    every_append = b.config.flush_every_append
     code, pid, epoch = b.init_producer_id(TID)
     assert code == 0
     assert b.add_partitions(TID, pid, epoch, [(T, 0)]) == {(T, 0): 0}
@@ -239,7 +241,11 @@ def test_transactional_data_is_fsynced_behind_the_producer_in_large_steps(b: InP
     for seq in range(2):  # about 2,100 bytes: below the threshold
         assert b.produce(T, 0, batch(pid=pid, epoch=epoch, seq=seq, txn=True, size=1_000), transactional_id=TID) == 0
         assert b.produce("other", 0, batch(size=5_000)) == 0
+        if every_append:
+            assert plog.synced_end == plog.log_end_offset and other.synced_end == other.log_end_offset
     run_until(b, lambda: True)
+    if every_append:
+        return
     assert plog.synced_end == synced and other.synced_end == 0
     assert b.produce(T, 0, batch(pid=pid, epoch=epoch, seq=2, txn=True, size=1_000), transactional_id=TID) == 0
     run_until(b, lambda: plog.synced_end == plog.log_end_offset)  # the third crosses it

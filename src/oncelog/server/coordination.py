@@ -217,18 +217,24 @@ class Coordination:
                 for markers in result.markers:
                     if markers.commit:
                         await self._partitions_durable(markers.partitions)
+                # defer_sync: with flush_every_append an append would fsync on the loop itself
                 txn_log = self._txn_log()
                 txn_log.append(encode_batch(result.records, self.broker.clock.now_ms()),
-                               origin=AppendOrigin.COORDINATOR)
+                               origin=AppendOrigin.COORDINATOR, defer_sync=True)
                 if result.durable:
                     await self.broker.durable(txn_log, txn_log.log_end_offset)
                 for key, value in result.records:
                     self.txn.replay(key, value)
             for markers in result.markers:
-                self._write_markers(markers)
+                self._write_markers(markers, defer_sync=True)
                 await self._partitions_durable(markers.partitions)
-                self.apply_txn_result(self.txn.markers_written(
-                    markers.transactional_id, markers.producer_id, markers.producer_epoch, markers.commit))
+                done = self.txn.markers_written(markers.transactional_id, markers.producer_id,
+                                                markers.producer_epoch, markers.commit)
+                if done.records:  # Complete*: not fsynced (if lost, the Prepare* is completed again)
+                    self._txn_log().append(encode_batch(done.records, self.broker.clock.now_ms()),
+                                           origin=AppendOrigin.COORDINATOR, defer_sync=True)
+                    for key, value in done.records:
+                        self.txn.replay(key, value)
         finally:
             self.txn.pending.discard(transactional_id)
 
@@ -250,7 +256,7 @@ class Coordination:
             if plog is not None:
                 plog.sync()
 
-    def _write_markers(self, markers: Any) -> None:
+    def _write_markers(self, markers: Any, *, defer_sync: bool = False) -> None:
         """Append the COMMIT/ABORT marker to every partition of the transaction.
 
         Never raises because of what a partition holds: a partition that refuses the coordinator's
@@ -269,7 +275,7 @@ class Coordination:
                                            producer_epoch=markers.producer_epoch,
                                            coordinator_epoch=markers.coordinator_epoch, timestamp_ms=now)
             try:
-                plog.append(batch, origin=AppendOrigin.COORDINATOR)
+                plog.append(batch, origin=AppendOrigin.COORDINATOR, defer_sync=defer_sync)
             except ProducerStateError as exc:
                 log.warning("%s-%d refused the %s marker of transaction %r (producer %d, epoch %d): %s; "
                             "skipping that partition", topic, partition, "COMMIT" if markers.commit else "ABORT",
