@@ -182,15 +182,24 @@ class Coordination:
             for markers in result.markers:
                 if markers.commit:
                     self._sync_partitions(markers.partitions)
-            now = self.broker.clock.now_ms()
-            txn_log = self._txn_log()
-            txn_log.append(encode_batch(result.records, now), origin=AppendOrigin.COORDINATOR)
+            txn_log = self._append_txn_records(result.records)
             if result.durable:
                 txn_log.sync()
-            for key, value in result.records:
-                self.txn.replay(key, value)
+            self._replay_txn_records(result.records)
         for markers in result.markers:
             self._complete(markers)
+
+    def _append_txn_records(self, records: list[tuple[bytes, bytes | None]], *, defer_sync: bool = False) -> Any:
+        """Append to ``__transaction_state`` (``defer_sync``: never fsync here, even with
+        flush_every_append; the caller awaits :meth:`Broker.durable`). Returns the log."""
+        txn_log = self._txn_log()
+        txn_log.append(encode_batch(records, self.broker.clock.now_ms()), origin=AppendOrigin.COORDINATOR,
+                       defer_sync=defer_sync)
+        return txn_log
+
+    def _replay_txn_records(self, records: list[tuple[bytes, bytes | None]]) -> None:
+        for key, value in records:
+            self.txn.replay(key, value)
 
     def answer_when_durable(self, transactional_id: str, result: TxnResult,
                             answer: Callable[[TxnResult], T]) -> T | Awaitable[T]:
@@ -217,24 +226,18 @@ class Coordination:
                 for markers in result.markers:
                     if markers.commit:
                         await self._partitions_durable(markers.partitions)
-                # defer_sync: with flush_every_append an append would fsync on the loop itself
-                txn_log = self._txn_log()
-                txn_log.append(encode_batch(result.records, self.broker.clock.now_ms()),
-                               origin=AppendOrigin.COORDINATOR, defer_sync=True)
+                txn_log = self._append_txn_records(result.records, defer_sync=True)
                 if result.durable:
                     await self.broker.durable(txn_log, txn_log.log_end_offset)
-                for key, value in result.records:
-                    self.txn.replay(key, value)
+                self._replay_txn_records(result.records)
             for markers in result.markers:
                 self._write_markers(markers, defer_sync=True)
                 await self._partitions_durable(markers.partitions)
                 done = self.txn.markers_written(markers.transactional_id, markers.producer_id,
                                                 markers.producer_epoch, markers.commit)
                 if done.records:  # Complete*: not fsynced (if lost, the Prepare* is completed again)
-                    self._txn_log().append(encode_batch(done.records, self.broker.clock.now_ms()),
-                                           origin=AppendOrigin.COORDINATOR, defer_sync=True)
-                    for key, value in done.records:
-                        self.txn.replay(key, value)
+                    self._append_txn_records(done.records, defer_sync=True)
+                    self._replay_txn_records(done.records)
         finally:
             self.txn.pending.discard(transactional_id)
 
