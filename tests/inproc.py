@@ -120,6 +120,14 @@ class InProcessBroker:
             data = b"".join(bytes(p) for p in data)
         return decode_response(api_key, version, data[4:])[1]
 
+    def run_until(self, condition: Any, timeout_s: float = 10.0) -> None:
+        """Run the loop (started requests, work handlers started) until ``condition()`` holds."""
+        async def wait() -> None:
+            while not condition():
+                await asyncio.sleep(0.002)
+
+        self.loop.run_until_complete(asyncio.wait_for(wait(), timeout_s))
+
     async def _handle(self, api_key: int, request: Any) -> Any:
         """On the loop, as the server's connection does: a handler may start work of its own there."""
         result = self.broker.handlers[api_key](self.broker, request)

@@ -28,21 +28,18 @@ all; make fuzz: 10,000+).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import tempfile
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 from kio.schema.errors import ErrorCode
 
-from oncelog.storage import fileio
+from tests.fsync_gate import FsyncGate
 from tests.inproc import API_END_TXN, InProcessBroker
 from tests.storage.helpers import batch
 
@@ -52,41 +49,6 @@ TIDS = ["A", "B"]
 TIMEOUT_MS = 10_000
 MEANWHILE = ["fresh-init", "owner-reinit", "zombie-reinit", "owner-end", "zombie-end", "owner-add", "timeouts",
              "client-abort"]
-
-
-class TxnLogGate:
-    """Holds the fsyncs of ``__transaction_state`` made off the main thread while ``held`` is set."""
-
-    def __init__(self) -> None:
-        self.real = fileio.fs.fsync
-        self.holding = False
-        self.reached = threading.Event()
-        self.go = threading.Event()
-        fileio.fs.fsync = self.fsync  # type: ignore[method-assign]
-
-    def fsync(self, fd: int) -> None:
-        if self.holding and threading.current_thread() is not threading.main_thread():
-            try:
-                path = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                path = ""
-            if "__transaction_state" in path:
-                self.reached.set()
-                assert self.go.wait(30), "held fsync never released"
-        self.real(fd)
-
-    def hold(self) -> None:
-        self.reached.clear()
-        self.go.clear()
-        self.holding = True
-
-    def release(self) -> None:
-        self.holding = False
-        self.go.set()
-
-    def close(self) -> None:
-        self.release()
-        fileio.fs.fsync = self.real  # type: ignore[method-assign]
 
 
 @dataclass
@@ -114,7 +76,7 @@ class TransactionModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="oncelog-model-"))
-        self.gate = TxnLogGate()
+        self.gate = FsyncGate()
         self.b = InProcessBroker(self.dir / "d", flush_every_append=True)
         self.b.create_topic(TOPIC, len(PARTITIONS))
         self.current: dict[str, tuple[int, int] | None] = dict.fromkeys(TIDS)
@@ -253,10 +215,10 @@ class TransactionModel(RuleBasedStateMachine):
         tid = inst.tid
         if not self._is_live(inst) or tid not in self.open:
             return
-        self.gate.hold()
+        self.gate.hold("__transaction_state")
         started = self.b.start(API_END_TXN, 3, {"transactional_id": tid, "producer_id": inst.pid,
                                                  "producer_epoch": inst.epoch, "committed": commit})
-        self._run_until(self.gate.reached.is_set)
+        self.b.run_until(self.gate.reached.is_set)
         before = self.b.broker.coordination.txn.state_of(tid)
         stale = (inst.pid, inst.epoch - 1 if inst.epoch > 0 else inst.epoch + 1)
         concurrent = ErrorCode.concurrent_transactions
@@ -288,13 +250,6 @@ class TransactionModel(RuleBasedStateMachine):
         txn = self.open.pop(tid)
         if commit:
             self.committed.update(txn.values)
-
-    def _run_until(self, condition: Any) -> None:
-        async def wait() -> None:
-            while not condition():
-                await asyncio.sleep(0.002)
-
-        self.b.loop.run_until_complete(asyncio.wait_for(wait(), 10))
 
     # --- time, restarts, strangers ------------------------------------------------------------------
     @rule()

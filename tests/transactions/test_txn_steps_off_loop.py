@@ -16,9 +16,6 @@ Invariants checked here, on an in-process broker whose fsyncs can be held:
 
 from __future__ import annotations
 
-import asyncio
-import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +25,7 @@ from kio.schema.errors import ErrorCode
 
 from oncelog.coordinator.transaction.state import TransactionState
 from oncelog.server import broker as broker_module
-from oncelog.storage import fileio
+from tests.fsync_gate import FsyncGate
 from tests.inproc import API_END_TXN, API_WRITE_TXN_MARKERS, InProcessBroker
 from tests.storage.helpers import batch
 
@@ -37,54 +34,15 @@ TID = "tx"
 CONCURRENT = ErrorCode.concurrent_transactions.value
 
 
-class HeldFsyncs:
-    """Records every write and fsync as (op, file) in order; while ``hold`` names a substring of
-    a path, an fsync of such a file off the main thread waits until ``release``."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.events: list[tuple[str, str]] = []
-        self.hold: str | None = None
-        self.held = threading.Event()
-        self._go = threading.Event()
-        self._lock = threading.Lock()
-        real_fsync, real_pwrite = fileio.fs.fsync, fileio.fs.pwrite
-
-        def fsync(fd: int) -> None:
-            path = _path(fd)
-            if self.hold and self.hold in path and threading.current_thread() is not threading.main_thread():
-                self.held.set()
-                assert self._go.wait(30), "the held fsync was never released"
-            real_fsync(fd)
-            with self._lock:
-                self.events.append(("fsync", path))
-
-        def pwrite(fd: int, data: Any, offset: int) -> Any:
-            with self._lock:
-                self.events.append(("write", _path(fd)))
-            return real_pwrite(fd, data, offset)
-
-        monkeypatch.setattr(fileio.fs, "fsync", fsync)
-        monkeypatch.setattr(fileio.fs, "pwrite", pwrite)
-
-    def release(self) -> None:
-        self.hold = None
-        self._go.set()
-
-
-def _path(fd: int) -> str:
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return f"fd {fd}"
-
-
 @pytest.fixture
-def fs(monkeypatch: pytest.MonkeyPatch) -> HeldFsyncs:
-    return HeldFsyncs(monkeypatch)
+def fs() -> Iterator[FsyncGate]:
+    gate = FsyncGate(record=True)
+    yield gate
+    gate.close()
 
 
 @pytest.fixture(params=[False, True], ids=["background-fsync", "flush-every-append"])
-def b(tmp_path: Path, fs: HeldFsyncs, request: pytest.FixtureRequest) -> Iterator[InProcessBroker]:
+def b(tmp_path: Path, fs: FsyncGate, request: pytest.FixtureRequest) -> Iterator[InProcessBroker]:
     broker = InProcessBroker(tmp_path / "data", flush_every_append=request.param)
     broker.create_topic(T, 2)
     broker.create_topic("other", 1)
@@ -103,26 +61,18 @@ def open_transaction(b: InProcessBroker) -> tuple[int, int]:
     return pid, epoch
 
 
-def run_until(b: InProcessBroker, condition: Any, timeout_s: float = 10.0) -> None:
-    async def wait() -> None:
-        while not condition():
-            await asyncio.sleep(0.005)
-
-    b.loop.run_until_complete(asyncio.wait_for(wait(), timeout_s))
-
-
-def start_end_txn(b: InProcessBroker, pid: int, epoch: int, fs: HeldFsyncs) -> Any:
+def start_end_txn(b: InProcessBroker, pid: int, epoch: int, fs: FsyncGate) -> Any:
     """EndTxn(commit), held at the PrepareCommit's fsync: its record is written, not yet replayed."""
-    fs.hold = "__transaction_state"
+    fs.hold("__transaction_state")
     started = b.start(API_END_TXN, 3, {"transactional_id": TID, "producer_id": pid, "producer_epoch": epoch,
                                        "committed": True})
-    run_until(b, fs.held.is_set)
+    b.run_until(fs.reached.is_set)
     assert TID in b.broker.coordination.txn.pending
     return started
 
 
 def test_a_commit_waiting_for_its_fsync_leaves_the_broker_serving_and_its_id_pending(
-        b: InProcessBroker, fs: HeldFsyncs) -> None:
+        b: InProcessBroker, fs: FsyncGate) -> None:
     pid, epoch = open_transaction(b)
     txn = b.broker.coordination.txn
     started = start_end_txn(b, pid, epoch, fs)
@@ -158,13 +108,13 @@ def test_a_commit_waiting_for_its_fsync_leaves_the_broker_serving_and_its_id_pen
     assert b.end_txn(TID, pid, epoch, commit=True) == 0  # the retry now finds it committed
 
 
-def test_a_client_hanging_up_mid_commit_does_not_stop_it_halfway(b: InProcessBroker, fs: HeldFsyncs) -> None:
+def test_a_client_hanging_up_mid_commit_does_not_stop_it_halfway(b: InProcessBroker, fs: FsyncGate) -> None:
     pid, epoch = open_transaction(b)
     started = start_end_txn(b, pid, epoch, fs)
     started.task.cancel()  # what the connection does when its client disconnects
     fs.release()
     txn = b.broker.coordination.txn
-    run_until(b, lambda: TID not in txn.pending)
+    b.run_until(lambda: TID not in txn.pending)
     state = txn.state_of(TID)
     assert state is not None and state.state is TransactionState.COMPLETE_COMMIT
     assert b.visible_values(T, 0) == [b"p0", b"p0"]
@@ -184,7 +134,7 @@ def _first(events: list[tuple[str, str]], op: str, where: str, after: int) -> in
 
 @pytest.mark.parametrize("behind", [True, False], ids=["synced-behind", "all-at-commit"])
 @pytest.mark.parametrize("transactions", [1, 3])
-def test_each_step_is_durable_before_the_next_is_written(b: InProcessBroker, fs: HeldFsyncs, transactions: int,
+def test_each_step_is_durable_before_the_next_is_written(b: InProcessBroker, fs: FsyncGate, transactions: int,
                                                          behind: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """The order of writes and fsyncs on disk, for consecutive commits, with the data fsynced
     behind the producer (``Broker.sync_behind``) or left for the commit to fsync."""
@@ -243,11 +193,11 @@ def test_transactional_data_is_fsynced_behind_the_producer_in_large_steps(b: InP
         assert b.produce("other", 0, batch(size=5_000)) == 0
         if every_append:
             assert plog.synced_end == plog.log_end_offset and other.synced_end == other.log_end_offset
-    run_until(b, lambda: True)
+    b.run_until(lambda: True)
     if every_append:
         return
     assert plog.synced_end == synced and other.synced_end == 0
     assert b.produce(T, 0, batch(pid=pid, epoch=epoch, seq=2, txn=True, size=1_000), transactional_id=TID) == 0
-    run_until(b, lambda: plog.synced_end == plog.log_end_offset)  # the third crosses it
+    b.run_until(lambda: plog.synced_end == plog.log_end_offset)  # the third crosses it
     assert other.synced_end == 0
     assert b.end_txn(TID, pid, epoch, commit=True) == 0
