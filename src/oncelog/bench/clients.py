@@ -269,6 +269,11 @@ class _ConsumerRun:
 PRIORITIES = ("idle", "normal")
 
 
+def check_priority(level: str) -> None:
+    if level not in PRIORITIES:
+        raise ValueError(f"unknown client priority {level!r}: one of {', '.join(PRIORITIES)}")
+
+
 def lower_priority(level: str) -> None:
     """Make this client process, and every thread it starts afterwards, yield the CPU to the broker.
 
@@ -278,8 +283,7 @@ def lower_priority(level: str) -> None:
     priority needs no privilege. The new session comes first so that the user's terminal session is
     never the autogroup being lowered. ``"normal"``: unchanged.
     """
-    if level not in PRIORITIES:
-        raise ValueError(f"unknown client priority {level!r}: one of {', '.join(PRIORITIES)}")
+    check_priority(level)
     if level == "normal":
         return
     try:
@@ -370,8 +374,7 @@ class ClientPool:
     ``priority`` (``lower_priority``)."""
 
     def __init__(self, size: int, priority: str = "normal") -> None:
-        if priority not in PRIORITIES:
-            raise ValueError(f"unknown client priority {priority!r}: one of {', '.join(PRIORITIES)}")
+        check_priority(priority)  # here, not only in the child processes, which would die with it
         ctx = multiprocessing.get_context("spawn")
         self.conns: list[Any] = []
         self.procs: list[Any] = []
