@@ -19,6 +19,7 @@ Pure data and functions: no I/O (the log manager persists overrides, see ``log_m
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -361,15 +362,16 @@ class LogConfig:
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int = INT64_MAX
 
-    @property
+    # Cached: a LogConfig is immutable (a config change makes a new one), and appends read these.
+    @functools.cached_property
     def compact(self) -> bool:
         return "compact" in self.cleanup_policy.split(",")
 
-    @property
+    @functools.cached_property
     def delete(self) -> bool:
         return "delete" in self.cleanup_policy.split(",")
 
-    @property
+    @functools.cached_property
     def max_segment_ms(self) -> int:
         """Kafka's maxSegmentMs: a compacted log also rolls when max.compaction.lag.ms has passed,
         so a record never waits in the (never cleaned) active segment longer than that."""

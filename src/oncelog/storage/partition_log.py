@@ -347,7 +347,7 @@ class PartitionLog:
                 if done.is_aborted:
                     seg.txn_index.append(AbortedTxn(done.producer_id, done.first_offset, done.last_offset,
                                                     lso_before))
-        if self.must_sync and not defer_sync:
+        if not defer_sync and self.must_sync:
             self.sync()  # durable before the acknowledgement; the recovery point follows in the background
         return AppendResult(base_offsets[0], offset - 1, now if log_append_time else -1, self.log_start_offset)
 

@@ -99,7 +99,13 @@ class ProducerStateManager:
     # --- validation ------------------------------------------------------------------------------
     def prepare(self, headers: list[rb.BatchHeader], origin: AppendOrigin,
                 control_types: list[rb.ControlMarker | None]) -> AppendPlan:
-        """Check ``headers`` (offsets not yet assigned) against scratch state; raise on refusal."""
+        """Check ``headers`` (offsets not yet assigned) against scratch state; raise on refusal.
+
+        A single batch (every client append: Produce v3+ carries one per partition) is checked
+        against the live entry itself: ``_check`` only reads it, and with no later batch to check
+        there is nothing to apply to a scratch copy; ``complete`` applies it once written."""
+        if len(headers) == 1 and origin is not AppendOrigin.REPLAY:
+            return self._prepare_one(headers[0], origin, control_types[0])
         scratch: dict[int, ProducerStateEntry] = {}
         plan = AppendPlan()
         for header, control in zip(headers, control_types, strict=True):
@@ -122,6 +128,25 @@ class ProducerStateManager:
                         return plan
             self._apply_to(entry, header, control, first_offset=None)
             plan.steps.append((pid, header, control))
+        return plan
+
+    def _prepare_one(self, header: rb.BatchHeader, origin: AppendOrigin,
+                     control: rb.ControlMarker | None) -> AppendPlan:
+        """``prepare`` of one batch: the same checks and duplicate answer, no scratch state."""
+        pid = header.producer_id
+        plan = AppendPlan(steps=[(pid, header, control)])
+        if pid < 0:
+            return plan
+        entry = self.producers.get(pid) or ProducerStateEntry(pid)
+        self._check(entry, header, origin, control, 1)
+        if entry.producer_epoch == header.producer_epoch and header.base_sequence >= 0 and \
+                control is None and origin is AppendOrigin.CLIENT:
+            first_seq, last_seq = header.base_sequence, header.last_sequence
+            for b in entry.batches:
+                if b.first_seq == first_seq and b.last_seq == last_seq:
+                    plan.duplicate = (b.first_offset, b.last_offset)
+                    plan.steps = []
+                    return plan
         return plan
 
     def _check(self, entry: ProducerStateEntry, header: rb.BatchHeader, origin: AppendOrigin,
