@@ -11,7 +11,10 @@ Invariants checked here, on an in-process broker whose fsyncs can be held:
 - the durability order: each data partition of a committed transaction is fsynced after its last
   write and before the PrepareCommit is written; the PrepareCommit is fsynced before any marker is
   written; every marker is fsynced before the CompleteCommit is written;
-- a client that hangs up in the middle of its EndTxn does not stop the step halfway.
+- a client that hangs up in the middle of its EndTxn does not stop the step halfway;
+- the timeout scan and an admin's abort take the same steps off the loop: the scan's abort leaves
+  the id pending until it is durable and replayed, an admin's abort is answered only then, and a
+  disk that fails under the scan's step takes the log directory offline.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from kio.schema.errors import ErrorCode
 
 from oncelog.coordinator.transaction.state import TransactionState
 from oncelog.server import broker as broker_module
+from oncelog.storage import fileio
 from tests.fsync_gate import FsyncGate
+from tests.fsync_gate import path_of as fs_path
 from tests.inproc import API_END_TXN, API_WRITE_TXN_MARKERS, InProcessBroker
 from tests.storage.helpers import batch
 
@@ -201,3 +206,98 @@ def test_transactional_data_is_fsynced_behind_the_producer_in_large_steps(b: InP
     b.run_until(lambda: plog.synced_end == plog.log_end_offset)  # the third crosses it
     assert other.synced_end == 0
     assert b.end_txn(TID, pid, epoch, commit=True) == 0
+
+
+# --- steps nobody sends a request for: the timeout scan, an admin's abort ---------------------------
+
+def _scan_on_the_loop(b: InProcessBroker) -> None:
+    """The timeout scan as the broker's timer runs it: on the event loop."""
+    async def scan() -> None:
+        b.broker.coordination.expire_transactions()
+    b.loop.run_until_complete(scan())
+
+
+def _assert_abort_order(events: list[tuple[str, str]]) -> None:
+    """PrepareAbort durable before any marker is written; every marker durable before CompleteAbort."""
+    log = "__transaction_state-0"
+    prepare = _first(events, "write", log, -1)
+    complete = _first(events, "write", log, prepare)
+    assert prepare < complete < len(events), events
+    markers = [_first(events, "write", f"/{T}-{p}/", prepare) for p in (0, 1)]
+    assert prepare < _last(events, "fsync", log, min(markers)), events
+    for p, marker in zip((0, 1), markers, strict=True):
+        assert marker < complete and marker < _last(events, "fsync", f"/{T}-{p}/", complete), events
+
+
+def test_the_timeout_scan_aborts_off_the_loop_with_the_id_pending(b: InProcessBroker, fs: FsyncGate) -> None:
+    pid, epoch = open_transaction(b)
+    txn = b.broker.coordination.txn
+    b.clock.advance(3_600_000)  # past the transaction's timeout
+    start = len(fs.events)
+    fs.hold("__transaction_state")
+    _scan_on_the_loop(b)
+    b.run_until(fs.reached.is_set)  # the PrepareAbort waits for its fsync, off the loop
+    assert TID in txn.pending
+    before = txn.state_of(TID)
+    assert before is not None and before.state is TransactionState.ONGOING  # written, not replayed
+    assert b.produce("other", 0, batch(value=b"meanwhile")) == 0  # the loop serves others
+    assert b.visible_values("other", 0) == [b"meanwhile"]
+    assert b.end_txn(TID, pid, epoch, commit=True) == CONCURRENT  # the owner's commit must wait
+    assert b.init_producer_id(TID, pid, epoch)[0] == CONCURRENT
+    _scan_on_the_loop(b)  # a second scan leaves the pending id alone
+    assert txn.state_of(TID) == before and len(b.broker.coordination._steps) == 1
+
+    fs.release()
+    b.run_until(lambda: TID not in txn.pending and not b.broker.coordination._steps)
+    after = txn.state_of(TID)
+    assert after is not None and after.state is TransactionState.COMPLETE_ABORT
+    assert after.producer_epoch == epoch + 1
+    assert b.end_txn(TID, pid, epoch, commit=True) == ErrorCode.producer_fenced.value  # the zombie is fenced
+    assert b.visible_values(T, 0) == [] and b.visible_values(T, 1) == []
+    _assert_abort_order(fs.events[start:])
+    b.restart()  # the log says the same
+    state = b.broker.coordination.txn.state_of(TID)
+    assert state is not None and state.state is TransactionState.COMPLETE_ABORT
+    assert b.visible_values(T, 0) == []
+
+
+def test_an_admin_abort_answers_once_its_steps_are_durable(b: InProcessBroker, fs: FsyncGate) -> None:
+    pid, epoch = open_transaction(b)
+    txn = b.broker.coordination.txn
+    start = len(fs.events)
+    fs.hold("__transaction_state")
+    started = b.start(API_WRITE_TXN_MARKERS, 1, {"markers": [{
+        "producer_id": pid, "producer_epoch": epoch, "transaction_result": False,
+        "topics": [{"name": T, "partition_indexes": [0]}, {"name": "other", "partition_indexes": [0]}],
+        "coordinator_epoch": 0}]})
+    b.run_until(fs.reached.is_set)
+    assert not started.task.done() and TID in txn.pending
+    assert b.produce("other", 0, batch(value=b"meanwhile")) == 0
+    fs.release()
+    response = b.finish(started)
+    codes = [(t.name, p.error_code) for t in response.markers[0].topics for p in t.partitions]
+    # the whole transaction is aborted; "other" had none of it, and was answered after the abort
+    assert codes == [(T, 0), ("other", ErrorCode.invalid_txn_state.value)]
+    after = txn.state_of(TID)
+    assert after is not None and after.state is TransactionState.COMPLETE_ABORT and TID not in txn.pending
+    assert b.visible_values(T, 1) == []
+    _assert_abort_order(fs.events[start:])
+
+
+def test_a_disk_failure_in_a_timeout_scan_step_takes_the_directory_offline(
+        b: InProcessBroker, fs: FsyncGate, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nobody awaits the scan's step, so the step itself must report a write that fails (here the
+    ABORT marker's) as a client's request would: the log directory goes offline."""
+    open_transaction(b)
+    real = fileio.fs.pwrite
+
+    def failing(fd: int, data: Any, offset: int) -> Any:
+        if f"/{T}-0/" in fs_path(fd):
+            raise OSError(5, "Input/output error")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(fileio.fs, "pwrite", failing)
+    b.clock.advance(3_600_000)
+    _scan_on_the_loop(b)
+    b.run_until(lambda: not b.broker.coordination._steps)
+    assert b.broker.storage_failure is not None and "Input/output error" in b.broker.storage_failure

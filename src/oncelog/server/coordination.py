@@ -8,9 +8,11 @@ Invariants:
   makes the transaction's data durable (commit), appends its records to ``__transaction_state`` and
   makes them durable, replays them, writes the COMMIT/ABORT markers into every partition of the
   transaction (and the group's offsets partition) and makes them durable, then appends and replays
-  the Complete* transition. ``apply_txn_result`` does it without awaiting (the timers, loading, an
-  admin abort); ``answer_when_durable`` does the same steps in the same order with every fsync on
-  the broker's sync thread, so the event loop serves other clients meanwhile. No request observes a
+  the Complete* transition. ``apply_txn_result`` does it without awaiting (loading, before the
+  broker serves anyone; and callers outside an event loop); ``answer_when_durable`` (a client's
+  request, an admin abort) and ``start_step`` (the timeout scan) do the same steps in the same
+  order with every fsync on the broker's sync threads, so the event loop serves other clients
+  meanwhile. No request observes a
   half-done step: from the moment the result is computed until its last record is replayed, its
   transactional id is *pending* in the coordinator, which answers every request about it with
   CONCURRENT_TRANSACTIONS (Kafka's ``pendingState``), and each record is replayed only once it is
@@ -51,6 +53,29 @@ TRANSACTION_STATE_TOPIC = "__transaction_state"
 CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
 
 
+async def _then(wait: Awaitable[None], value: T) -> T:
+    await wait
+    return value
+
+
+async def _all(waits: list[Awaitable[None]]) -> None:
+    for wait in waits:
+        await wait
+
+
+def _collect(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class Coordination:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -73,6 +98,7 @@ class Coordination:
             group_initial_rebalance_delay_ms=cfg.group_initial_rebalance_delay_ms,
             offsets_retention_ms=cfg.offsets_retention_minutes * 60_000)
         self._checkpoint_bytes: dict[str, int] = {}  # per internal partition: size of its last checkpoint
+        self._steps: set[asyncio.Task[None]] = set()  # steps of the timeout scan in flight (start_step)
 
     # --- partitions of internal topics ---------------------------------------------------------
     def offsets_partition_for(self, group_id: str) -> tuple[str, int]:
@@ -220,6 +246,30 @@ class Coordination:
         await asyncio.shield(asyncio.ensure_future(self._apply_durably(transactional_id, result)))
         return answer(result)
 
+    def start_step(self, transactional_id: str, result: TxnResult) -> asyncio.Task[None] | None:
+        """Carry out a step nobody awaits an answer for (the timeout scan) as :meth:`answer_when_durable`
+        does, in a task of its own on the running loop; None if the step changes nothing. The id is
+        pending until the step is done. A failure is the broker's: a disk that refuses takes the log
+        directory offline, anything else is logged (the step's records, if written, are replayed
+        at the next start, as after a crash)."""
+        if not result.records and not result.markers:
+            return None
+        self.txn.pending.add(transactional_id)
+        task = asyncio.ensure_future(self._apply_durably(transactional_id, result))
+        self._steps.add(task)
+        task.add_done_callback(self._step_done)
+        return task
+
+    def _step_done(self, task: asyncio.Task[None]) -> None:
+        self._steps.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, fileio.StorageOfflineError):
+            self.broker.storage_failed(exc)
+        elif exc is not None:
+            log.error("a transaction step of the timeout scan failed", exc_info=exc)
+
     async def _apply_durably(self, transactional_id: str, result: TxnResult) -> None:
         try:
             if result.records:
@@ -288,14 +338,16 @@ class Coordination:
             self.broker.notify_append((topic, partition))
 
     def write_marker(self, topic: str, partition: int, producer_id: int, producer_epoch: int,
-                     coordinator_epoch: int, commit: bool) -> ErrorCode:
+                     coordinator_epoch: int, commit: bool) -> ErrorCode | Awaitable[ErrorCode]:
         """A marker asked for by a client (WriteTxnMarkers: ``oncelog transactions abort``, Kafka's
         admin abortTransaction). Markers are the coordinator's to write, so a client gets less:
 
         - COMMIT: never (CLUSTER_AUTHORIZATION_FAILED); only the coordinator may commit.
         - ABORT of a transaction the coordinator tracks as Ongoing on that partition, at its epoch:
           the coordinator aborts the WHOLE transaction (epoch bump, markers on every partition),
-          never one partition alone (which would tear it when the producer then commits).
+          never one partition alone (which would tear it when the producer then commits). On the
+          event loop the abort's steps run off it, as a client's EndTxn does (an awaitable of the
+          code is returned, ready once they are durable).
           In PrepareCommit/PrepareAbort: CONCURRENT_TRANSACTIONS (it is being completed).
         - ABORT of a hanging transaction (open in the partition, unknown to the coordinator): only
           at the exact producer epoch of the open transaction, so a guessed epoch cannot fence a
@@ -315,8 +367,10 @@ class Coordination:
             if meta.state.value != "Ongoing":
                 return ErrorCode.concurrent_transactions
             result = self.txn.abort_transaction(meta.transactional_id)
-            self.apply_txn_result(result)
-            return result.error
+            if not _loop_running():
+                self.apply_txn_result(result)
+                return result.error
+            return self.answer_when_durable(meta.transactional_id, result, lambda r: r.error)
         entry = plog.producer_state.producers.get(producer_id)
         if entry is None or entry.current_txn_first_offset is None:
             return ErrorCode.invalid_txn_state
@@ -341,51 +395,76 @@ class Coordination:
             self.groups.replay_control(producer_id, commit)
 
     # --- groups -----------------------------------------------------------------------------------
-    def apply_group_records(self, group_id: str, records: list[tuple[bytes, bytes | None]]) -> None:
-        """Append to the group's offsets partition, then replay (records, then replay)."""
+    def apply_group_records(self, group_id: str, records: list[tuple[bytes, bytes | None]]) -> Awaitable[None] | None:
+        """Append to the group's offsets partition, then replay (records, then replay).
+
+        Returns what the answer must wait for: None, or, when the partition's appends must be
+        durable before they are acknowledged (flush_every_append, flush.messages) and an event loop
+        runs, an awaitable of that fsync, made off the loop (``Broker.durable``, group commit).
+        Outside a loop the append fsyncs itself, as before."""
         topic, partition = self.offsets_partition_for(group_id)
         plog = self.broker.logs.get_partition(topic, partition)
         assert plog is not None
-        plog.append(encode_batch(records, self.broker.clock.now_ms()), origin=AppendOrigin.COORDINATOR)
+        running = _loop_running()
+        plog.append(encode_batch(records, self.broker.clock.now_ms()), origin=AppendOrigin.COORDINATOR,
+                    defer_sync=running)
         for key, value in records:
             self.groups.replay(key, value)
+        return self._durable_before_answer(plog) if running else None
+
+    def _durable_before_answer(self, plog: Any) -> Awaitable[None] | None:
+        if plog.synced_end >= plog.log_end_offset or not plog.must_sync:
+            return None
+        return self.broker.durable(plog, plog.log_end_offset)
+
+    def _in_background(self, waits: list[Awaitable[None]]) -> None:
+        """Fsyncs nobody answers after (the group timers): started, not awaited; a failure has
+        already taken the log directory offline (``Broker.durable``), so it is only collected."""
+        for wait in waits:
+            asyncio.ensure_future(wait).add_done_callback(_collect)
 
     def apply_txn_offset_records(self, group_id: str, producer_id: int, producer_epoch: int,
-                                 records: list[tuple[bytes, bytes | None]]) -> ErrorCode:
-        """TxnOffsetCommit: the records join the producer's transaction in the offsets partition."""
+                                 records: list[tuple[bytes, bytes | None]]) -> ErrorCode | Awaitable[ErrorCode]:
+        """TxnOffsetCommit: the records join the producer's transaction in the offsets partition
+        (answered once durable where appends must be, as :meth:`apply_group_records`)."""
         topic, partition = self.offsets_partition_for(group_id)
         plog = self.broker.logs.get_partition(topic, partition)
         assert plog is not None
         batch = encode_batch(records, self.broker.clock.now_ms(), producer_id=producer_id,
                              producer_epoch=producer_epoch, transactional=True)
+        running = _loop_running()
         try:
-            plog.append(batch, origin=AppendOrigin.COORDINATOR)
+            plog.append(batch, origin=AppendOrigin.COORDINATOR, defer_sync=running)
         except ProducerStateError as exc:
             return ErrorCode(exc.error_code)
         for key, value in records:
             self.groups.replay(key, value, producer_id, transactional=True)
-        return ErrorCode.none
+        wait = self._durable_before_answer(plog) if running else None
+        return ErrorCode.none if wait is None else _then(wait, ErrorCode.none)
 
-    def apply_records_by_group(self, records: list[tuple[bytes, bytes | None]]) -> None:
-        """Append records of possibly several groups, each to its group's offsets partition."""
+    def apply_records_by_group(self, records: list[tuple[bytes, bytes | None]]) -> list[Awaitable[None]]:
+        """Append records of possibly several groups, each to its group's offsets partition; the
+        fsyncs their answer must wait for (see :meth:`apply_group_records`)."""
         by_group: dict[str, list[tuple[bytes, bytes | None]]] = {}
         for key, value in records:
             kind, ident, _ = decode_offset_record(key, value)
             by_group.setdefault(ident[0] if kind == "offset" else ident, []).append((key, value))
-        for group_id, recs in by_group.items():
-            self.apply_group_records(group_id, recs)
+        waits = [self.apply_group_records(group_id, recs) for group_id, recs in by_group.items()]
+        return [w for w in waits if w is not None]
 
-    def flush_group_records(self) -> None:
-        """Persist membership changes (completed rebalances, groups becoming empty)."""
-        self.apply_records_by_group(self.groups.take_records())
+    def flush_group_records(self) -> Awaitable[None] | None:
+        """Persist membership changes (completed rebalances, groups becoming empty); what the
+        answer must wait for, as :meth:`apply_group_records` returns."""
+        waits = self.apply_records_by_group(self.groups.take_records())
+        return _all(waits) if waits else None
 
     def tick_groups(self) -> int | None:
         """Run the group timers; returns the earliest deadline ahead (ms, the groups' clock)."""
-        self.apply_records_by_group(self.groups.tick())
+        self._in_background(self.apply_records_by_group(self.groups.tick()))
         return self.groups.next_timer_ms
 
     def expire_offsets(self) -> None:
-        self.apply_records_by_group(self.groups.expire_offsets())
+        self._in_background(self.apply_records_by_group(self.groups.expire_offsets()))
 
     # --- keeping internal logs bounded -------------------------------------------------------------
     def checkpoint_internal_logs(self, min_bytes: int) -> int:
@@ -438,5 +517,15 @@ class Coordination:
         return done
 
     def expire_transactions(self) -> None:
-        for result in self.txn.expire(self.broker.clock.now_ms()):
-            self.apply_txn_result(result)
+        """The timeout scan (a timer): abort each transaction open past its timeout, tombstone each
+        expired transactional id. In the broker (an event loop running) each step runs as a
+        client's does, off the loop (:meth:`start_step`), so a scan that aborts many transactions
+        never holds the loop in their fsyncs; called outside a loop (tests that drive the
+        coordinator directly) the steps run here, fsyncs included."""
+        steps = self.txn.expire_steps(self.broker.clock.now_ms())
+        if not _loop_running():
+            for _, result in steps:
+                self.apply_txn_result(result)
+            return
+        for tid, result in steps:
+            self.start_step(tid, result)

@@ -272,16 +272,23 @@ class TransactionCoordinator:
 
     # --- timeouts and expiration -----------------------------------------------------------------
     def expire(self, now_ms: int) -> list[TxnResult]:
-        results = []
+        return [result for _, result in self.expire_steps(now_ms)]
+
+    def expire_steps(self, now_ms: int) -> list[tuple[str, TxnResult]]:
+        """The timeout scan: (transactional id, step) for every transaction open past its timeout
+        (abort with an epoch bump) and every idle id past transactional.id.expiration.ms
+        (tombstone). Pending ids are skipped: their step in flight decides them first."""
+        steps = []
         for meta in list(self.transactions.values()):
-            if meta.transactional_id in self.pending:
+            tid = meta.transactional_id
+            if tid in self.pending:
                 continue
             if meta.state is S.ONGOING and now_ms - meta.txn_start_timestamp_ms > meta.txn_timeout_ms:
-                results.append(self._abort_with_bump(meta, now_ms))
+                steps.append((tid, self._abort_with_bump(meta, now_ms)))
             elif meta.state in (S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT) and \
                     now_ms - meta.txn_last_update_timestamp_ms > self.transactional_id_expiration_ms:
-                results.append(TxnResult(records=[(txnlog.encode_key(meta.transactional_id), None)], durable=False))
-        return results
+                steps.append((tid, TxnResult(records=[(txnlog.encode_key(tid), None)], durable=False)))
+        return steps
 
     def open_transactions(self) -> list[str]:
         """Transactional ids whose transaction is Ongoing."""

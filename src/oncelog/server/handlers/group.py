@@ -9,6 +9,7 @@ this handler awaits. Records the coordinator returns go through ``Coordination.a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from oncelog.coordinator.group.group_coordinator import JoinResult, SyncResult
@@ -44,9 +45,9 @@ async def handle_join_group(broker: Broker, req: Request) -> dict[str, Any]:
     c.groups.join_group(b.group_id, b.member_id, getattr(b, "group_instance_id", None), req.client_id or "",
                         host, session, rebalance, b.protocol_type,
                         [(p.name, p.metadata) for p in b.protocols], req.api_version >= 4, respond)
-    c.flush_group_records()
+    await _durable(c.flush_group_records())
     result = await fut
-    c.flush_group_records()
+    await _durable(c.flush_group_records())
     if req.api_version < 4 and result.error == ErrorCode.member_id_required:  # cannot happen, kept for clarity
         result.error = ErrorCode.unknown_member_id
     return _join_body(result)
@@ -66,9 +67,9 @@ async def handle_sync_group(broker: Broker, req: Request) -> dict[str, Any]:
 
     c.groups.sync_group(b.group_id, b.generation_id, b.member_id, getattr(b, "group_instance_id", None),
                         [(a.member_id, a.assignment) for a in b.assignments], respond)
-    c.flush_group_records()
+    await _durable(c.flush_group_records())
     r = await fut
-    c.flush_group_records()
+    await _durable(c.flush_group_records())
     return {"throttle_time": 0, "error_code": r.error, "protocol_type": r.protocol_type,
             "protocol_name": r.protocol_name, "assignment": r.assignment}
 
@@ -82,7 +83,7 @@ def handle_heartbeat(broker: Broker, req: Request) -> dict[str, Any]:
     return {"throttle_time": 0, "error_code": code}
 
 
-def handle_leave_group(broker: Broker, req: Request) -> dict[str, Any]:
+def handle_leave_group(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     b = req.body
     c = broker.coordination
     if not allowed(broker, req, Op.READ, R.GROUP, b.group_id):
@@ -90,9 +91,31 @@ def handle_leave_group(broker: Broker, req: Request) -> dict[str, Any]:
     members: list[tuple[str, str | None]] = (
         [(m.member_id, m.group_instance_id) for m in b.members] if hasattr(b, "members") else [(b.member_id, None)])
     top, results = c.groups.leave_group(b.group_id, members)
-    c.flush_group_records()
-    return {"throttle_time": 0, "error_code": top if req.api_version < 3 else ErrorCode.none,
-            "members": [{"member_id": m, "group_instance_id": i, "error_code": e} for m, i, e in results]}
+    return _answer_when_durable(c.flush_group_records(), {
+        "throttle_time": 0, "error_code": top if req.api_version < 3 else ErrorCode.none,
+        "members": [{"member_id": m, "group_instance_id": i, "error_code": e} for m, i, e in results]})
+
+
+async def _all(waits: list[Awaitable[None]]) -> None:
+    for wait in waits:
+        await wait
+
+
+async def _durable(wait: Awaitable[None] | None) -> None:
+    if wait is not None:
+        await wait
+
+
+def _answer_when_durable(wait: Awaitable[Any] | None, response: dict[str, Any]
+                         ) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+    """``response`` now, or once ``wait`` (the records' fsync, off the loop) is done."""
+    if wait is None:
+        return response
+
+    async def later() -> dict[str, Any]:
+        await wait
+        return response
+    return later()
 
 
 def _offsets_in(topics: Any) -> list[tuple[str, int, int, int, str | None]]:
@@ -133,7 +156,7 @@ def _in_request_order(offsets: list[tuple[str, int, int, int, str | None]],
     return {(t, p): merged[(t, p)] for t, p, *_ in offsets}
 
 
-def handle_offset_commit(broker: Broker, req: Request) -> dict[str, Any]:
+def handle_offset_commit(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     b = req.body
     c = broker.coordination
     offsets = _offsets_in(b.topics)
@@ -148,13 +171,14 @@ def handle_offset_commit(broker: Broker, req: Request) -> dict[str, Any]:
     else:
         result = c.groups.offset_commit(b.group_id, b.generation_id_or_member_epoch, b.member_id,
                                         getattr(b, "group_instance_id", None), known)
-        if result.records:
-            c.apply_group_records(b.group_id, result.records)
         errors = _in_request_order(offsets, errors, result.errors)
+        if result.records:
+            return _answer_when_durable(c.apply_group_records(b.group_id, result.records),
+                                        {"throttle_time": 0, "topics": _by_topic(errors)})
     return {"throttle_time": 0, "topics": _by_topic(errors)}
 
 
-def handle_txn_offset_commit(broker: Broker, req: Request) -> dict[str, Any]:
+def handle_txn_offset_commit(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     b = req.body
     c = broker.coordination
     offsets = _offsets_in(b.topics)
@@ -179,6 +203,9 @@ def handle_txn_offset_commit(broker: Broker, req: Request) -> dict[str, Any]:
                                         getattr(b, "member_id", ""), getattr(b, "group_instance_id", None), known)
     if result.records:
         error = c.apply_txn_offset_records(b.group_id, b.producer_id, b.producer_epoch, result.records)
+        if not isinstance(error, ErrorCode):  # appended; answered once durable (flush_every_append)
+            return _answer_when_durable(error, {
+                "throttle_time": 0, "topics": _by_topic(_in_request_order(offsets, unknown, result.errors))})
         if error != ErrorCode.none:
             result.errors = dict.fromkeys(result.errors, error)
     return {"throttle_time": 0, "topics": _by_topic(_in_request_order(offsets, unknown, result.errors))}
@@ -244,17 +271,19 @@ def handle_describe_groups(broker: Broker, req: Request) -> dict[str, Any]:
     return {"throttle_time": 0, "groups": out}
 
 
-def handle_delete_groups(broker: Broker, req: Request) -> dict[str, Any]:
+def handle_delete_groups(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     c = broker.coordination
     names = list(req.body.groups_names)
     may = [g for g in names if allowed(broker, req, Op.DELETE, R.GROUP, g)]
     errors, records = c.groups.delete_groups(may)
-    c.apply_records_by_group(records)
+    waits = c.apply_records_by_group(records)
     errors.update({g: ErrorCode.group_authorization_failed for g in names if g not in may})
-    return {"throttle_time": 0, "results": [{"group_id": g, "error_code": errors[g]} for g in names]}
+    return _answer_when_durable(_all(waits) if waits else None,
+                                {"throttle_time": 0, "results": [{"group_id": g, "error_code": errors[g]}
+                                                                 for g in names]})
 
 
-def handle_offset_delete(broker: Broker, req: Request) -> dict[str, Any]:
+def handle_offset_delete(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     b = req.body
     c = broker.coordination
     if not allowed(broker, req, Op.DELETE, R.GROUP, b.group_id):
@@ -264,6 +293,5 @@ def handle_offset_delete(broker: Broker, req: Request) -> dict[str, Any]:
                                                               for p in t.partitions if t.name not in denied])
     errors.update({(t.name, p.partition_index): ErrorCode.topic_authorization_failed
                    for t in b.topics if t.name in denied for p in t.partitions})
-    if records:
-        c.apply_group_records(b.group_id, records)
-    return {"throttle_time": 0, "error_code": top, "topics": _by_topic(errors)}
+    wait = c.apply_group_records(b.group_id, records) if records else None
+    return _answer_when_durable(wait, {"throttle_time": 0, "error_code": top, "topics": _by_topic(errors)})

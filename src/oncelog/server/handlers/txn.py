@@ -10,6 +10,7 @@ to any other request about it) until the step is whole.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -154,22 +155,42 @@ def handle_list_transactions(broker: Broker, req: Request) -> dict[str, Any]:
             "transaction_states": listed}
 
 
-def handle_write_txn_markers(broker: Broker, req: Request) -> dict[str, Any]:
+def handle_write_txn_markers(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     """WriteTxnMarkers from a client (Kafka's inter-broker API; ``oncelog transactions abort`` uses it
-    to close a hanging transaction): restricted and validated by ``Coordination.write_marker``."""
-    out = []
+    to close a hanging transaction): restricted and validated by ``Coordination.write_marker``.
+    The markers are carried out in request order; an abort of a whole transaction answers once its
+    steps are durable (awaited here, off the event loop), and the next marker waits for it."""
     may = allowed(broker, req, Op.CLUSTER_ACTION, R.CLUSTER)
-    for m in req.body.markers:
-        topics = []
-        for t in m.topics:
-            parts = []
-            for p in t.partition_indexes:
-                if not may:
-                    parts.append({"partition_index": p, "error_code": ErrorCode.cluster_authorization_failed})
-                    continue
-                code = broker.coordination.write_marker(t.name, p, m.producer_id, m.producer_epoch,
-                                                        m.coordinator_epoch, bool(m.transaction_result))
-                parts.append({"partition_index": p, "error_code": code})
-            topics.append({"name": t.name, "partitions": parts})
-        out.append({"producer_id": m.producer_id, "topics": topics})
-    return {"markers": out}
+    entries = [(m, t, p) for m in req.body.markers for t in m.topics for p in t.partition_indexes]
+    codes: list[Any] = []
+    for i, (m, t, p) in enumerate(entries):
+        if not may:
+            codes.append(ErrorCode.cluster_authorization_failed)
+            continue
+        code = broker.coordination.write_marker(t.name, p, m.producer_id, m.producer_epoch,
+                                                m.coordinator_epoch, bool(m.transaction_result))
+        if inspect.isawaitable(code):
+            return _write_txn_markers_rest(broker, req, entries, [*codes, code], i + 1, may)
+        codes.append(code)
+    return _markers_response(req, codes)
+
+
+async def _write_txn_markers_rest(broker: Broker, req: Request, entries: list[Any], codes: list[Any], start: int,
+                                  may: bool) -> dict[str, Any]:
+    codes[-1] = await codes[-1]
+    for m, t, p in entries[start:]:
+        if not may:
+            codes.append(ErrorCode.cluster_authorization_failed)
+            continue
+        code = broker.coordination.write_marker(t.name, p, m.producer_id, m.producer_epoch,
+                                                m.coordinator_epoch, bool(m.transaction_result))
+        codes.append(await code if inspect.isawaitable(code) else code)
+    return _markers_response(req, codes)
+
+
+def _markers_response(req: Request, codes: list[Any]) -> dict[str, Any]:
+    """The WriteTxnMarkers response: ``codes`` in the request's (marker, topic, partition) order."""
+    it = iter(codes)
+    return {"markers": [{"producer_id": m.producer_id, "topics": [
+        {"name": t.name, "partitions": [{"partition_index": p, "error_code": next(it)} for p in t.partition_indexes]}
+        for t in m.topics]} for m in req.body.markers]}
