@@ -265,3 +265,40 @@ def test_a_corrupt_base_offset_in_the_unflushed_tail_is_truncated(tmp_path: Path
     again.append(batch(1))
     again.close()
     assert open_log(tmp_path).log_end_offset == 2
+
+
+def test_a_roll_fsyncs_nothing_and_the_next_sync_covers_the_old_segment_and_the_new_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A roll happens inside an append, on the event loop: it must not fsync (Kafka's roll leaves
+    the old segment's flush to a scheduled job). The old segment stays dirty until a flush or a
+    sync, and a sync that follows the roll fsyncs both data files and then the directory (the new
+    file's name), also when a background flush planned the old segment's fsync first."""
+    from oncelog.storage import fileio
+
+    log = open_log(tmp_path / "p", segment_bytes=300)
+    log.append(batch(1, value=b"x" * 60))
+    log.flush()
+    calls: list[str] = []
+    monkeypatch.setattr(fileio.fs, "fsync", lambda fd: calls.append(f"fsync {fd}"))
+    monkeypatch.setattr(fileio.fs, "fsync_dir", lambda path: calls.append(f"dir {Path(path).name}"))
+    log.append(batch(1, value=b"y" * 60))  # unflushed, in the first segment
+    assert len(log.segments) == 1
+    log.append(batch(1, value=b"z" * 60))  # rolls
+    assert len(log.segments) == 2 and calls == []
+    assert not log.names_durable
+    old, new = log.segments
+    job = log.begin_flush()  # planned (the old segment's dirty flag cleared), not yet run
+    assert job is not None and job.new_names
+    end, fds = log.plan_sync()
+    assert len([fd for fd in fds if not isinstance(fd, Path)]) == 2, "the old segment's fsync is still to come"
+    assert fds[-1] == log.directory  # the new name, after the data
+    for fd in fds:
+        if not isinstance(fd, Path):
+            fileio.fs.close(fd)
+    log.mark_synced(end)
+    assert log.names_durable and log.synced_end == log.log_end_offset
+    calls.clear()
+    job.run()
+    log.finish_flush(job)
+    assert len([c for c in calls if c.startswith("fsync")]) >= 2 and "dir p" in calls  # data, then the name
+    assert log.recovery_point == log.log_end_offset and not old.dirty and new is log.active

@@ -40,14 +40,19 @@ def _ignore_result(task: asyncio.Future[None]) -> None:
         task.exception()  # retrieved: the failure was recorded by ``_sync_once``
 
 
-def _fsync_and_close(fds: list[int]) -> None:
+def _fsync_and_close(fds: list[int | Path]) -> None:
+    """fsync each descriptor (then close it) or directory (``PartitionLog.plan_sync``), in order."""
     try:
         for fd in fds:
-            fileio.fs.fsync(fd)
+            if isinstance(fd, Path):
+                fileio.fs.fsync_dir(fd)
+            else:
+                fileio.fs.fsync(fd)
     finally:
         for fd in fds:
-            with contextlib.suppress(OSError):
-                fileio.fs.close(fd)
+            if not isinstance(fd, Path):
+                with contextlib.suppress(OSError):
+                    fileio.fs.close(fd)
 
 
 LOCK_FILE = ".lock"

@@ -41,7 +41,8 @@ class FlushJob:
     light: bool = False
     fds: list[int] = field(default_factory=list)
     index_appends: list[tuple[Path, bytes, bool]] = field(default_factory=list)  # (path, bytes, fsync)
-    new_names: bool = False
+    new_names: bool = False  # fsync the directory (after the index appends, before the snapshot)
+    rolls: int | None = None  # with new_names for a roll's segment: the rolls whose names it makes durable
     epochs: tuple[Path, bytes] | None = None
     snapshot: tuple[Path, bytes] | None = None
     done: threading.Event = field(default_factory=threading.Event)

@@ -102,6 +102,11 @@ class PartitionLog:
         self.dir_state = dir_state or LogDirState()
         self._flush_job: FlushJob | None = None
         self._synced_end = 0  # log end offset at the last sync()
+        # Segment files created by a roll, and how many of those names are known durable (a
+        # directory fsync made after them returned): see ``roll``.
+        self._rolls = 0
+        self._rolls_named = 0
+        self._sync_names: int | None = None  # rolls an fsync planned by ``plan_sync`` covers
         self._snapshot_name_durable = True
         fileio.fs.mkdir(directory)
         self.segments: list[LogSegment] = []
@@ -412,14 +417,24 @@ class PartitionLog:
         self._roll_jitter_ms = self._jitter_for(self.active.base_offset)
 
     def roll(self, now_ms: int | None = None) -> None:
-        """Start a new active segment at the log end offset (flushing the old one); the new file's
-        name is durable before anything is appended to it."""
+        """Start a new active segment at the log end offset, without touching the disk beyond
+        creating its file: no fsync on the event loop (Kafka's roll schedules the old segment's
+        flush too). The old segment stays dirty, so the next flush (background, ``sync``,
+        ``plan_sync``) fsyncs its data and writes its index entries; and the new file's name is
+        made durable (a directory fsync) by whichever of them comes first, before it counts any
+        data in the new segment as durable: the recovery point never passes a segment whose name
+        a power cut could take back, and an acknowledgement that waits for ``synced_end`` never
+        covers one either."""
         now = self.clock.now_ms() if now_ms is None else now_ms
-        self.wait_for_flush()  # a flush in flight may be appending to the old segment's index files
-        self._guarded(self.active.flush)
-        self.segments.append(LogSegment(self.directory, self.log_end_offset, now, self.config.index_interval_bytes))
+        self._guarded(lambda: self.segments.append(
+            LogSegment(self.directory, self.log_end_offset, now, self.config.index_interval_bytes)))
+        self._rolls += 1
         self._roll_jitter_ms = self._jitter_for(self.log_end_offset)
-        self._guarded(lambda: fileio.fs.fsync_dir(self.directory))
+
+    @property
+    def names_durable(self) -> bool:
+        """Every segment file a roll created has a durable name."""
+        return self._rolls_named >= self._rolls
 
     # --- reads -----------------------------------------------------------------------------------
     def _segment_for(self, offset: int) -> int:
@@ -563,9 +578,12 @@ class PartitionLog:
         only fsyncs (another descriptor of) the same files.
         """
         self._check_online()
-        for seg in self.segments:
-            if seg.dirty or seg is self.active:
-                self._guarded(seg.sync_data)
+        for seg in self._unsynced_segments():
+            self._guarded(seg.sync_data)
+        if not self.names_durable:
+            rolls = self._rolls
+            self._guarded(lambda: fileio.fs.fsync_dir(self.directory))
+            self._rolls_named = max(self._rolls_named, rolls)
         self._synced_end = self.log_end_offset
 
     @property
@@ -579,13 +597,29 @@ class PartitionLog:
         """Every offset below this is on disk (fsynced)."""
         return max(self.recovery_point, self._synced_end)
 
-    def plan_sync(self) -> tuple[int, list[int]]:
+    def plan_sync(self) -> tuple[int, list[int | Path]]:
         """For an fsync off the loop thread: (the log end now, descriptors to fsync, which the
-        caller closes); then :meth:`mark_synced` with that end once the fsyncs returned."""
+        caller closes, and this log's directory, to fsync last, when a roll created a name not yet
+        durable); then :meth:`mark_synced` with that end once the fsyncs returned."""
         self._check_online()
-        return self.log_end_offset, [fileio.fs.dup(seg.fd) for seg in self.segments if seg.dirty or seg is self.active]
+        fds: list[int | Path] = [fileio.fs.dup(seg.fd) for seg in self._unsynced_segments()]
+        self._sync_names = None
+        if not self.names_durable:  # the directory too: a name a roll created (see ``roll``)
+            self._sync_names = self._rolls
+            fds.append(self.directory)
+        return self.log_end_offset, fds
+
+    def _unsynced_segments(self) -> list[LogSegment]:
+        """Segments that may hold bytes not known durable: the active one, any written since the
+        last flush was planned, and any with data above ``synced_end`` -- a rolled segment whose
+        fsync a flush job in flight has planned (its ``dirty`` already cleared) but not yet made."""
+        synced = self.synced_end
+        return [seg for seg in self.segments if seg is self.active or seg.dirty or seg.next_offset > synced]
 
     def mark_synced(self, end: int) -> None:
+        if self._sync_names is not None:
+            self._rolls_named = max(self._rolls_named, self._sync_names)
+            self._sync_names = None
         self._synced_end = max(self._synced_end, end)
 
     def sync_failed(self, error: OSError) -> None:
@@ -602,12 +636,16 @@ class PartitionLog:
         self._check_online()
         end = self.log_end_offset
         self.last_flush_ms = self.clock.now_ms()
-        if self._flush_job is not None or (end == self.recovery_point and not self.epochs.dirty and not force):
+        if self._flush_job is not None or (end == self.recovery_point and not self.epochs.dirty and not force
+                                           and self.names_durable):
             return None
         job = FlushJob(self.directory, end, light=light)
         for seg in self.segments:
             if seg.needs_flush or seg is self.active:
                 seg.plan_flush(job)
+        if not self.names_durable:  # a roll's new file: its name before the snapshot (see ``roll``)
+            job.new_names = True
+            job.rolls = self._rolls
         if self.epochs.dirty:
             job.epochs = self.epochs.take_file()
         if end != self.recovery_point or force:
@@ -626,6 +664,8 @@ class PartitionLog:
         if job.error is not None:
             error = job.error
             self._guarded(lambda: _raise(error))
+        if job.rolls is not None:
+            self._rolls_named = max(self._rolls_named, job.rolls)
         if self.recovery_point < job.end <= self.log_end_offset:
             self.recovery_point = job.end
         if job.snapshot is not None:
