@@ -62,6 +62,7 @@ def fake_doc() -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for name, label, kind, ours, tansu in [
             ("produce", "produce acks=all", "produce", 40_000, 20_000),
+            ("produce_fsync", "produce acks=all, fsync per append", "produce", 10_000, 20_000),
             ("produce_idempotent", "produce idempotent", "produce", 30_000, 20_000),
             ("produce_transactional", "produce transactional", "produce", 20_000, 10_000),
             ("consume", "consume", "consume", 80_000, 80_000)]:
@@ -101,6 +102,7 @@ def test_ratios_are_the_ones_that_mean_something() -> None:
     found = {r["ratio"]: r["values"] for r in ratios(fake_doc())}
     assert found["transactional / acks=all"] == {"oncelog": 0.5, "tansu": 0.5}
     assert found["idempotent / acks=all"]["oncelog"] == pytest.approx(0.75)
+    assert found["fsync per append / acks=all"] == {"oncelog": 0.25, "tansu": 1.0}
     assert found["oncelog / tansu: produce acks=all"] == {"throughput": 2.0, "p99 at 5%": 2.0, "p99 at 50%": 2.0}
     assert found["1,000 partitions x 100 producers / 3 partitions x 1 producer"] == {"oncelog": 0.25, "tansu": 0.9}
     assert "read_committed / read_uncommitted" in found  # Tansu's figure; ours failed and has none
@@ -206,3 +208,25 @@ def test_repeated_latency_runs_keep_the_median_p99_run() -> None:
     assert median_run([{"p99": 5.0}])["p99_runs"] == [5.0]
     assert median_run([*runs, {"error": "client process 1 did not answer"}]) == {
         "error": "client process 1 did not answer"}
+
+
+def test_the_fsync_per_append_rows_topics_carry_flush_messages_1(tmp_path: Path) -> None:
+    """The row is what it says: its topics are created with flush.messages=1, with which our
+    broker answers a produce only once the append is fsynced (tests/server/test_admin_configs.py::
+    test_flush_messages_and_flush_ms); the other rows' topics keep the broker's defaults."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    from oncelog.bench.runner import FSYNC_PER_APPEND, ROWS, Broker
+    from oncelog.testing.broker_process import oncelog_broker
+
+    assert ROWS["produce_fsync"].topic_config == FSYNC_PER_APPEND == (("flush.messages", "1"),)
+    assert all(not r.topic_config for name, r in ROWS.items() if name != "produce_fsync")
+    process = oncelog_broker(tmp_path / "data").start()
+    try:
+        broker = Broker("oncelog", process, cores=1)
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        for config, expected in ((FSYNC_PER_APPEND, "1"), ((), str(2**63 - 1))):
+            res = ConfigResource(ConfigResource.Type.TOPIC, broker.topic("t", 1, config))
+            assert admin.describe_configs([res])[res].result(timeout=30)["flush.messages"].value == expected
+    finally:
+        process.stop()

@@ -60,8 +60,8 @@ def test_the_terminal_table_has_every_row_for_every_broker(quick: Quick) -> None
     for name in brokers():
         assert name in r.stdout
     for heading in ("CPU broker", "CPU clients", "limited by", "of peak (ms)", "Ratios", "transactional / acks=all",
-                    "idempotent / acks=all", "partitions: throughput", "producers: throughput",
-                    "record size: throughput", "Recovery after SIGKILL"):
+                    "idempotent / acks=all", "fsync per append / acks=all", "partitions: throughput",
+                    "producers: throughput", "record size: throughput", "Recovery after SIGKILL"):
         assert heading in r.stdout, heading
     if "tansu" in brokers():
         assert "oncelog / tansu: produce acks=all" in r.stdout

@@ -39,10 +39,18 @@ class RowSpec:
     mode: str = "plain"
     source: str = ""  # consume rows: the produce row whose topic they read
     isolation: str = "read_uncommitted"
+    topic_config: tuple[tuple[str, str], ...] = ()  # the row's topics are created with these configs
+
+
+#: Our broker fsyncs every append of such a topic before acknowledging it (a group commit, off
+#: the event loop): ``flush.messages=1`` is what ``--flush-every-append`` sets for every topic.
+FSYNC_PER_APPEND = (("flush.messages", "1"),)
 
 
 ROWS = {r.name: r for r in (
     RowSpec("produce", "produce acks=all", "produce", "plain"),
+    RowSpec("produce_fsync", "produce acks=all, fsync per append", "produce", "plain",
+            topic_config=FSYNC_PER_APPEND),
     RowSpec("produce_idempotent", "produce idempotent", "produce", "idempotent"),
     RowSpec("produce_transactional", "produce transactional", "produce", "transactional"),
     RowSpec("consume", "consume", "consume", source="produce"),
@@ -120,14 +128,14 @@ class Broker:
     def bootstrap(self) -> str:
         return self.process.bootstrap
 
-    def topic(self, what: str, partitions: int) -> str:
+    def topic(self, what: str, partitions: int, config: tuple[tuple[str, str], ...] = ()) -> str:
         from confluent_kafka.admin import AdminClient, NewTopic
 
         self.topics += 1
         name = f"bench-{self.topics}-{what}"
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})  # must outlive the future
         try:
-            admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=60)
+            admin.create_topics([NewTopic(name, partitions, 1, config=dict(config))])[name].result(timeout=60)
         except Exception as exc:
             raise BenchError(f"cannot create topic {name} ({partitions} partitions): {exc}") from exc
         return name
@@ -268,7 +276,8 @@ class Bench:
             if spec.kind == "produce":
                 row["config"] = {"acks": "all", "linger.ms": 5, "batch.size": 1_048_576,
                                  "max.in.flight.requests.per.connection": 5, "mode": spec.mode,
-                                 **({"commit every ms": 100} if spec.mode == "transactional" else {})}
+                                 **({"commit every ms": 100} if spec.mode == "transactional" else {}),
+                                 **({"topic": dict(spec.topic_config)} if spec.topic_config else {})}
             else:
                 row["config"] = {"isolation.level": spec.isolation, "reads the topic of": spec.source}
             out[name] = row
@@ -276,7 +285,7 @@ class Bench:
                 self.progress(f"{spec.label} on {broker.name}: throughput")
                 try:
                     if spec.kind == "produce":
-                        topic = broker.topic(name, plan.partitions)
+                        topic = broker.topic(name, plan.partitions, spec.topic_config)
                         topics[(broker.name, name)] = topic
                         r = self.throughput(broker, topic, plan.partitions, mode=spec.mode, processes=plan.processes,
                                             per_process=plan.producers_per_process, size=plan.size, stats=True)
@@ -313,7 +322,7 @@ class Bench:
         for broker in self.brokers:
             entry = row["brokers"].setdefault(broker.name, {"latency": {}})
             try:
-                topics[broker.name] = broker.topic(f"{name}-lat", plan.partitions)
+                topics[broker.name] = broker.topic(f"{name}-lat", plan.partitions, spec.topic_config)
             except BenchError as exc:
                 entry["latency"] = {f"{f * 100:g}%": {"error": str(exc)} for f in plan.fractions}
         for fraction in plan.fractions:
