@@ -417,10 +417,11 @@ class Coordination:
             return None
         return self.broker.durable(plog, plog.log_end_offset)
 
-    def _in_background(self, waits: list[Awaitable[None]]) -> None:
+    @staticmethod
+    def _in_background(wait: Awaitable[None] | None) -> None:
         """Fsyncs nobody answers after (the group timers): started, not awaited; a failure has
         already taken the log directory offline (``Broker.durable``), so it is only collected."""
-        for wait in waits:
+        if wait is not None:
             asyncio.ensure_future(wait).add_done_callback(_collect)
 
     def apply_txn_offset_records(self, group_id: str, producer_id: int, producer_epoch: int,
@@ -442,21 +443,20 @@ class Coordination:
         wait = self._durable_before_answer(plog) if running else None
         return ErrorCode.none if wait is None else _then(wait, ErrorCode.none)
 
-    def apply_records_by_group(self, records: list[tuple[bytes, bytes | None]]) -> list[Awaitable[None]]:
-        """Append records of possibly several groups, each to its group's offsets partition; the
-        fsyncs their answer must wait for (see :meth:`apply_group_records`)."""
+    def apply_records_by_group(self, records: list[tuple[bytes, bytes | None]]) -> Awaitable[None] | None:
+        """Append records of possibly several groups, each to its group's offsets partition; what
+        their answer must wait for (see :meth:`apply_group_records`)."""
         by_group: dict[str, list[tuple[bytes, bytes | None]]] = {}
         for key, value in records:
             kind, ident, _ = decode_offset_record(key, value)
             by_group.setdefault(ident[0] if kind == "offset" else ident, []).append((key, value))
-        waits = [self.apply_group_records(group_id, recs) for group_id, recs in by_group.items()]
-        return [w for w in waits if w is not None]
+        waits = [w for group_id, recs in by_group.items() if (w := self.apply_group_records(group_id, recs))]
+        return _all(waits) if waits else None
 
     def flush_group_records(self) -> Awaitable[None] | None:
         """Persist membership changes (completed rebalances, groups becoming empty); what the
         answer must wait for, as :meth:`apply_group_records` returns."""
-        waits = self.apply_records_by_group(self.groups.take_records())
-        return _all(waits) if waits else None
+        return self.apply_records_by_group(self.groups.take_records())
 
     def tick_groups(self) -> int | None:
         """Run the group timers; returns the earliest deadline ahead (ms, the groups' clock)."""

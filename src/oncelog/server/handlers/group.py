@@ -96,11 +96,6 @@ def handle_leave_group(broker: Broker, req: Request) -> dict[str, Any] | Awaitab
         "members": [{"member_id": m, "group_instance_id": i, "error_code": e} for m, i, e in results]})
 
 
-async def _all(waits: list[Awaitable[None]]) -> None:
-    for wait in waits:
-        await wait
-
-
 async def _durable(wait: Awaitable[None] | None) -> None:
     if wait is not None:
         await wait
@@ -276,11 +271,10 @@ def handle_delete_groups(broker: Broker, req: Request) -> dict[str, Any] | Await
     names = list(req.body.groups_names)
     may = [g for g in names if allowed(broker, req, Op.DELETE, R.GROUP, g)]
     errors, records = c.groups.delete_groups(may)
-    waits = c.apply_records_by_group(records)
+    wait = c.apply_records_by_group(records)
     errors.update({g: ErrorCode.group_authorization_failed for g in names if g not in may})
-    return _answer_when_durable(_all(waits) if waits else None,
-                                {"throttle_time": 0, "results": [{"group_id": g, "error_code": errors[g]}
-                                                                 for g in names]})
+    return _answer_when_durable(wait, {"throttle_time": 0, "results": [{"group_id": g, "error_code": errors[g]}
+                                                                       for g in names]})
 
 
 def handle_offset_delete(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
