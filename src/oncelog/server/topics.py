@@ -19,6 +19,8 @@ def ensure_topic(broker: Broker, name: str, *, auto_create: bool = True) -> tupl
     info = broker.logs.topics().get(name)
     if info is not None:
         return info, ErrorCode.none
+    if broker.logs.is_being_created(name):
+        return None, ErrorCode.leader_not_available  # a CreateTopics is building it: retriable
     if not (auto_create and broker.config.auto_create_topics_enable):
         return None, ErrorCode.unknown_topic_or_partition
     try:
