@@ -53,11 +53,6 @@ TRANSACTION_STATE_TOPIC = "__transaction_state"
 CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
 
 
-async def _then(wait: Awaitable[None], value: T) -> T:
-    await wait
-    return value
-
-
 async def _all(waits: list[Awaitable[None]]) -> None:
     for wait in waits:
         await wait
@@ -405,15 +400,18 @@ class Coordination:
         topic, partition = self.offsets_partition_for(group_id)
         plog = self.broker.logs.get_partition(topic, partition)
         assert plog is not None
-        running = _loop_running()
-        plog.append(encode_batch(records, self.broker.clock.now_ms()), origin=AppendOrigin.COORDINATOR,
-                    defer_sync=running)
+        wait = self._append_offsets(plog, encode_batch(records, self.broker.clock.now_ms()))
         for key, value in records:
             self.groups.replay(key, value)
-        return self._durable_before_answer(plog) if running else None
+        return wait
 
-    def _durable_before_answer(self, plog: Any) -> Awaitable[None] | None:
-        if plog.synced_end >= plog.log_end_offset or not plog.must_sync:
+    def _append_offsets(self, plog: Any, batch: bytes) -> Awaitable[None] | None:
+        """Append ``batch`` to an offsets partition; what its answer must wait for (see
+        :meth:`apply_group_records`). Raises what ``PartitionLog.append`` raises, having appended
+        nothing."""
+        running = _loop_running()
+        plog.append(batch, origin=AppendOrigin.COORDINATOR, defer_sync=running)
+        if not running or plog.synced_end >= plog.log_end_offset or not plog.must_sync:
             return None
         return self.broker.durable(plog, plog.log_end_offset)
 
@@ -425,23 +423,23 @@ class Coordination:
             asyncio.ensure_future(wait).add_done_callback(_collect)
 
     def apply_txn_offset_records(self, group_id: str, producer_id: int, producer_epoch: int,
-                                 records: list[tuple[bytes, bytes | None]]) -> ErrorCode | Awaitable[ErrorCode]:
-        """TxnOffsetCommit: the records join the producer's transaction in the offsets partition
-        (answered once durable where appends must be, as :meth:`apply_group_records`)."""
+                                 records: list[tuple[bytes, bytes | None]]
+                                 ) -> tuple[ErrorCode, Awaitable[None] | None]:
+        """TxnOffsetCommit: the records join the producer's transaction in the offsets partition.
+        Returns the error (the partition refused the batch) or NONE, and what the answer must wait
+        for, as :meth:`apply_group_records` returns."""
         topic, partition = self.offsets_partition_for(group_id)
         plog = self.broker.logs.get_partition(topic, partition)
         assert plog is not None
         batch = encode_batch(records, self.broker.clock.now_ms(), producer_id=producer_id,
                              producer_epoch=producer_epoch, transactional=True)
-        running = _loop_running()
         try:
-            plog.append(batch, origin=AppendOrigin.COORDINATOR, defer_sync=running)
+            wait = self._append_offsets(plog, batch)
         except ProducerStateError as exc:
-            return ErrorCode(exc.error_code)
+            return ErrorCode(exc.error_code), None
         for key, value in records:
             self.groups.replay(key, value, producer_id, transactional=True)
-        wait = self._durable_before_answer(plog) if running else None
-        return ErrorCode.none if wait is None else _then(wait, ErrorCode.none)
+        return ErrorCode.none, wait
 
     def apply_records_by_group(self, records: list[tuple[bytes, bytes | None]]) -> Awaitable[None] | None:
         """Append records of possibly several groups, each to its group's offsets partition; what

@@ -101,7 +101,7 @@ async def _durable(wait: Awaitable[None] | None) -> None:
         await wait
 
 
-def _answer_when_durable(wait: Awaitable[Any] | None, response: dict[str, Any]
+def _answer_when_durable(wait: Awaitable[None] | None, response: dict[str, Any]
                          ) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     """``response`` now, or once ``wait`` (the records' fsync, off the loop) is done."""
     if wait is None:
@@ -196,14 +196,13 @@ def handle_txn_offset_commit(broker: Broker, req: Request) -> dict[str, Any] | A
             _in_request_order(offsets, unknown, {(t, p): code for t, p, *_ in known}))}
     result = c.groups.txn_offset_commit(b.group_id, b.producer_id, getattr(b, "generation_id", -1),
                                         getattr(b, "member_id", ""), getattr(b, "group_instance_id", None), known)
+    wait = None
     if result.records:
-        error = c.apply_txn_offset_records(b.group_id, b.producer_id, b.producer_epoch, result.records)
-        if not isinstance(error, ErrorCode):  # appended; answered once durable (flush_every_append)
-            return _answer_when_durable(error, {
-                "throttle_time": 0, "topics": _by_topic(_in_request_order(offsets, unknown, result.errors))})
+        error, wait = c.apply_txn_offset_records(b.group_id, b.producer_id, b.producer_epoch, result.records)
         if error != ErrorCode.none:
             result.errors = dict.fromkeys(result.errors, error)
-    return {"throttle_time": 0, "topics": _by_topic(_in_request_order(offsets, unknown, result.errors))}
+    return _answer_when_durable(wait, {
+        "throttle_time": 0, "topics": _by_topic(_in_request_order(offsets, unknown, result.errors))})
 
 
 def _fetch_group(broker: Broker, req: Request, group_id: str, topics: Any,
