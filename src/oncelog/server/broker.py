@@ -287,15 +287,14 @@ class Broker:
         return min(self.config.flush_interval_ms, self.logs.min_flush_interval_ms())
 
     def _flush(self) -> None:
-        """Start the background flush of every partition that is due, each on the flush thread
-        (``fsync`` never runs on the event loop for it); each finishes back on the loop."""
-        loop = asyncio.get_running_loop()
-        for plog in self.logs.due_for_flush(self.clock.now_ms()):
-            job = plog.begin_flush()
-            if job is None:
-                continue
-            fut = loop.run_in_executor(self._flush_executor, job.run)
-            fut.add_done_callback(functools.partial(self._flush_finished, plog, job))
+        """Start the background flush of every partition that is due, as one pass on the flush
+        thread (``fsync`` never runs on the event loop for it): each partition's data, then the
+        log directory's recovery-point checkpoint once; the pass finishes back on the loop."""
+        flush_pass = self.logs.begin_flush_pass(self.clock.now_ms())
+        if flush_pass is None:
+            return
+        fut = asyncio.get_running_loop().run_in_executor(self._flush_executor, flush_pass.run)
+        fut.add_done_callback(functools.partial(self._flush_finished, flush_pass))
 
     async def durable(self, plog: Any, offset: int) -> None:
         """Return once ``plog`` is fsynced below ``offset`` (flush_every_append acknowledgements).
@@ -353,9 +352,9 @@ class Broker:
         finally:
             self._syncing.pop(plog.name, None)
 
-    def _flush_finished(self, plog: Any, job: Any, _future: Any = None) -> None:
+    def _flush_finished(self, flush_pass: Any, _future: Any = None) -> None:
         try:
-            plog.finish_flush(job)
+            self.logs.finish_flush_pass(flush_pass)
         except fileio.StorageOfflineError as exc:
             self.storage_failed(exc)
 

@@ -45,6 +45,7 @@ class FlushJob:
     rolls: int | None = None  # with new_names for a roll's segment: the rolls whose names it makes durable
     epochs: tuple[Path, bytes] | None = None
     snapshot: tuple[Path, bytes] | None = None
+    snapshot_mark: tuple[int, int, int, int] | None = None  # see PartitionLog._snapshot_due
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     _claim: threading.Lock = field(default_factory=threading.Lock)

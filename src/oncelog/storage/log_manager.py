@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oncelog.clock import Clock
-from oncelog.storage import fileio
+from oncelog.storage import fileio, recovery_checkpoint
 from oncelog.storage.config import (
     BrokerLayers,
     DescribedConfig,
@@ -100,12 +100,16 @@ class LogManager:
                              bool(t.get("internal", False)))
             self._topics[info.name] = info
         expected = set()
+        checkpoint = recovery_checkpoint.read(self._checkpoint_path())
         for info in self._topics.values():
             cfg = self._stored_config(info)
             for p in range(info.num_partitions):
                 d = self._dir(info.name, p)
                 expected.add(d.name)
-                self._partitions[(info.name, p)] = PartitionLog(d, info.name, p, cfg, self.clock, self.dir_state)
+                point, topic_id = checkpoint.get((info.name, p), (None, None))
+                self._partitions[(info.name, p)] = PartitionLog(
+                    d, info.name, p, cfg, self.clock, self.dir_state,
+                    checkpointed_recovery_point=point if topic_id == info.topic_id else None)
         for d in self.data_dir.iterdir():
             stray = d.name not in expected and re.match(r".+-\d+(\.deleted)?$", d.name)
             if d.is_dir() and d.name != "__meta" and stray:
@@ -130,6 +134,9 @@ class LogManager:
         doc = {"topics": [{"name": t.name, "topic_id": str(t.topic_id), "num_partitions": t.num_partitions,
                            "configs": t.configs, "internal": t.is_internal} for t in self._topics.values()]}
         fileio.fs.write_atomic(self._meta_path(), json.dumps(doc, indent=1).encode())
+
+    def _checkpoint_path(self) -> Path:
+        return self.data_dir / recovery_checkpoint.FILE_NAME
 
     def _dir(self, topic: str, partition: int) -> Path:
         return self.data_dir / f"{topic}-{partition}"
@@ -328,6 +335,39 @@ class LogManager:
     def due_for_flush(self, now_ms: int) -> list[PartitionLog]:
         """Partitions whose background flush is due (none in flight, flush.ms passed, unflushed data)."""
         return [plog for plog in self._partitions.values() if plog.needs_flush(now_ms)]
+
+    def begin_flush_pass(self, now_ms: int) -> recovery_checkpoint.FlushPass | None:
+        """Plan the periodic flush of every due partition (on the loop thread): the caller runs
+        ``run()`` on the flush thread, then :meth:`finish_flush_pass` here. None if none is due."""
+        jobs = []
+        for plog in self.due_for_flush(now_ms):
+            job = plog.begin_flush()
+            if job is not None:
+                jobs.append((plog, job))
+        if not jobs:
+            return None
+        points = {key: (plog.recovery_point, self._topics[plog.topic].topic_id)
+                  for key, plog in self._partitions.items()}
+        return recovery_checkpoint.FlushPass(self._checkpoint_path(), jobs, points)
+
+    def finish_flush_pass(self, flush_pass: recovery_checkpoint.FlushPass) -> None:
+        """After ``flush_pass.run()``: each job's recovery point moves (``finish_flush``). Raises
+        StorageOfflineError (the log directory goes offline) if a job or the checkpoint failed."""
+        failure: fileio.StorageOfflineError | None = None
+        for plog, job in flush_pass.jobs:
+            try:
+                plog.finish_flush(job)
+            except fileio.StorageOfflineError as exc:
+                failure = failure or exc
+        if flush_pass.error is not None and failure is None:
+            reason = f"{flush_pass.path}: {flush_pass.error}"
+            if self.dir_state.offline_reason is None:
+                self.dir_state.offline_reason = reason
+                log.critical("writing the recovery-point checkpoint failed (%s); the log directory takes no more "
+                             "writes", flush_pass.error)
+            failure = fileio.StorageOfflineError(reason)
+        if failure is not None:
+            raise failure
 
     def flush_all(self, now_ms: int, force: bool = False) -> None:
         """The background flush. Its order does not matter for transactions: the transaction

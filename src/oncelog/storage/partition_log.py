@@ -1,18 +1,21 @@
 """A partition's log: an ordered list of segments, producer state, and the offsets clients see.
 
 Directory ``<data_dir>/<topic>-<partition>/`` holds the segments (``<base>.log/.index/.timeindex/
-.txnindex``), ``recovery-point`` (offset below which every byte was fsynced) and
-``producer-state.snapshot`` (producer state as of the recovery point).
+.txnindex``) and ``producer-state.snapshot`` (producer state at an offset below which every byte
+was fsynced: a recovery point). The log directory's ``recovery-point-offset-checkpoint``
+(``recovery_checkpoint``) holds the later recovery points that periodic flushes reached without a
+snapshot; ``recovery-point`` (older versions) is still read.
 
 Offsets: ``log_start_offset`` <= ``last_stable_offset`` <= ``high_watermark`` == ``log_end_offset``
 (a single node: everything written is "replicated"). The LSO is the first offset of the earliest
 open transaction, or the high watermark when none is open.
 
-Recovery (on open): data below the recovery point is trusted and is not read (its indexes are
-loaded, or rebuilt from batch headers if missing); producer state is loaded from the snapshot taken
-at the recovery point; then only the unflushed tail is scanned, CRC-checked, truncated at the first
+Recovery (on open): data below the recovery point is trusted and is not validated (its indexes are
+loaded, or rebuilt from batch headers if missing); producer state is loaded from the snapshot and
+replayed from the batch headers between its offset and the recovery point (bounded by
+``_snapshot_due``); then only the unflushed tail is scanned, CRC-checked, truncated at the first
 torn or corrupt batch (with a WARNING), and replayed into the producer state. Recovery time is thus
-bounded by the flush interval, not by the size of the log.
+bounded by the flush interval and the snapshot interval, not by the size of the log.
 
 Only the broker's event loop thread calls a partition log; no locking.
 """
@@ -48,6 +51,10 @@ log = logging.getLogger("oncelog.storage")
 
 RECOVERY_POINT_FILE = "recovery-point"
 SNAPSHOT_FILE = "producer-state.snapshot"
+# A periodic flush writes a producer-state snapshot at least this often (``_snapshot_due``).
+SNAPSHOT_INTERVAL_BYTES = 16 << 20
+SNAPSHOT_INTERVAL_OFFSETS = 100_000
+SNAPSHOT_INTERVAL_MS = 30_000
 LOG_START_FILE = "log-start-offset"
 
 
@@ -92,7 +99,9 @@ class LogDirState:
 
 class PartitionLog:
     def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, clock: Clock,
-                 dir_state: LogDirState | None = None) -> None:
+                 dir_state: LogDirState | None = None, *, checkpointed_recovery_point: int | None = None) -> None:
+        """``checkpointed_recovery_point``: this partition's value in the log directory's
+        recovery-point checkpoint (``recovery_checkpoint``), when its topic id matched."""
         self.directory = directory
         self.topic = topic
         self.partition = partition
@@ -108,6 +117,11 @@ class PartitionLog:
         self._rolls_named = 0
         self._sync_names: int | None = None  # rolls an fsync planned by ``plan_sync`` covers
         self._snapshot_name_durable = True
+        # The last producer-state snapshot written (None: none on disk yet), and where the log was
+        # then -- (active segment's base, its size, log end, time) -- for ``_snapshot_due``.
+        self.snapshot_offset: int | None = None
+        self._snapshot_mark: tuple[int, int, int, int] | None = None
+        self._checkpointed_recovery_point = checkpointed_recovery_point
         fileio.fs.mkdir(directory)
         self.segments: list[LogSegment] = []
         # Base offsets of ``segments`` for lookups, rebuilt only when the list changed (every
@@ -159,7 +173,10 @@ class PartitionLog:
         segment_swap.recover(self.directory, self.name)
         bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
         now = self.clock.now_ms()
-        recovery_point = _read_int_file(self.directory / RECOVERY_POINT_FILE) or 0
+        # Candidates for the recovery point on disk: the directory's checkpoint, the snapshot's
+        # offset, and ``recovery-point`` (written by older versions); each is valid on its own.
+        recovery_point = max(_read_int_file(self.directory / RECOVERY_POINT_FILE) or 0,
+                             self._checkpointed_recovery_point or 0)
         if not bases:
             start = _read_int_file(self.directory / LOG_START_FILE) or 0
             self.segments = [LogSegment(self.directory, start, now, self.config.index_interval_bytes)]
@@ -167,6 +184,9 @@ class PartitionLog:
             fileio.fs.fsync_dir(self.directory)
             self.log_start_offset = start
             self.recovery_point = start
+            # A new log: no snapshot is due until the interval (none on disk means empty producer
+            # state at the first segment's base, see below).
+            self._snapshot_mark = (start, 0, start, now)
             return
         self.segments = [LogSegment(self.directory, b, now, self.config.index_interval_bytes) for b in bases]
         self._segments_replaced += 1
@@ -179,15 +199,28 @@ class PartitionLog:
         except FileNotFoundError:
             pass
         expected_aborted: dict[int, int] = {}
-        if snapshot is not None and snapshot[1] >= recovery_point:
+        # Producer state below the recovery point is replayed from the snapshot's offset on, from
+        # data that is not validated again (it was fsynced before the recovery point moved).
+        replay_from: int | None = None
+        if snapshot is not None and snapshot[1] >= bases[0]:
             # The snapshot is written after the data it describes was fsynced, so its offset is a
             # valid recovery point even if the broker died before updating the checkpoint file.
-            self.producer_state, recovery_point, expected_aborted = snapshot
+            self.producer_state, snapshot_offset, expected_aborted = snapshot
+            self.snapshot_offset = snapshot_offset
+            if snapshot_offset < recovery_point:
+                replay_from = snapshot_offset
+            recovery_point = max(recovery_point, snapshot_offset)
         else:
+            # No snapshot: the producer state at the first segment's base is empty, since a
+            # snapshot is written (durably) before any segment is deleted, and a new log's first
+            # snapshot waits for the interval. Data below the recovery point is replayed without
+            # validation; everything is validated when there is no recovery point either.
+            if snapshot is not None:
+                log.warning("%s: the producer state snapshot at %d is below the log start %d; rebuilding from the log",
+                            self.name, snapshot[1], bases[0])
             if recovery_point > bases[0]:
-                log.info("%s: no producer state snapshot at %d; rebuilding from the log", self.name,
-                         recovery_point)
-            recovery_point = bases[0]  # rebuild everything (rare: first start after an upgrade)
+                replay_from = bases[0]
+            recovery_point = max(recovery_point, bases[0])
         short = [seg.path.name for seg in self.segments
                  if self._flushed_aborted_txns(seg, recovery_point) < expected_aborted.get(seg.base_offset, 0)]
         if recovery_point > bases[0] and short:
@@ -196,6 +229,7 @@ class PartitionLog:
                         ", ".join(short), recovery_point)
             self.producer_state = ProducerStateManager()
             recovery_point = bases[0]
+            replay_from = self.snapshot_offset = None
             for seg in self.segments:
                 seg.txn_index.load(2**62)
                 seg.txn_index.truncate_to_offset(seg.base_offset)
@@ -212,9 +246,13 @@ class PartitionLog:
                     seg.next_offset = seg.base_offset
                     seg.recover(0, validate=False, partition=self.name)
                     seg.next_offset = self.segments[i + 1].base_offset
+                if replay_from is not None:
+                    self._replay_trusted(seg, replay_from, recovery_point)
                 continue
             # Trusted prefix of this segment: start scanning at the recovery point's position.
             if seg.base_offset < recovery_point:
+                if replay_from is not None:
+                    self._replay_trusted(seg, replay_from, recovery_point)
                 start_pos = seg.boundary_position(recovery_point)
                 seg.next_offset = recovery_point
             else:
@@ -244,6 +282,8 @@ class PartitionLog:
         saved_start = _read_int_file(self.directory / LOG_START_FILE)
         self.log_start_offset = max(self.segments[0].base_offset, saved_start or 0)
         self.recovery_point = min(max(recovery_point, self.segments[0].base_offset), self.log_end_offset)
+        if self.snapshot_offset is not None and self.snapshot_offset == self.log_end_offset:
+            self._snapshot_mark = (self.active.base_offset, self.active.size, self.log_end_offset, now)
         if scanned_batches:
             log.info("%s: recovered %d unflushed batch(es); log end offset %d", self.name, scanned_batches,
                      self.log_end_offset)
@@ -253,6 +293,19 @@ class PartitionLog:
         """How many of ``seg``'s aborted-transaction entries on disk describe markers below ``recovery_point``."""
         seg.txn_index.load(recovery_point)
         return len(seg.txn_index.entries)
+
+    def _replay_trusted(self, seg: LogSegment, start: int, end: int) -> None:
+        """Replay into the producer state the batches of ``seg`` in [``start``, ``end``): data below
+        the recovery point, fsynced, so read without validation (as Kafka rebuilds producer state
+        from its last snapshot). ``start`` (a snapshot's offset) is a batch boundary."""
+        if seg.base_offset >= end or (seg.next_offset > seg.base_offset and seg.next_offset <= start):
+            return
+        batches = []
+        for pos, header, _data in seg.iter_batches(seg.boundary_position(start) if seg.base_offset < start else 0):
+            if header.base_offset >= end:
+                break
+            batches.append((pos, header))
+        self._replay(seg, batches)
 
     def _replay(self, seg: LogSegment, batches: list[tuple[int, rb.BatchHeader]]) -> None:
         for pos, header in batches:
@@ -632,10 +685,13 @@ class PartitionLog:
         already in flight. The caller runs ``job.run()`` (off the loop) then :meth:`finish_flush`.
         ``force`` writes the snapshot even if nothing was appended; ``aborted_counts`` replaces the
         per-segment aborted-index counts (the cleaner's swap passes ones valid before and after it);
-        ``light`` (the periodic background flush) fsyncs only what recovery needs (``flush_job``)."""
+        ``light`` (the periodic background flush) fsyncs only what recovery needs (``flush_job``)
+        and writes the producer-state snapshot only when :meth:`_snapshot_due`: its recovery
+        point then reaches the disk through the directory's checkpoint (``recovery_checkpoint``),
+        which the caller writes after ``job.run()`` when ``job.snapshot`` is None."""
         self._check_online()
         end = self.log_end_offset
-        self.last_flush_ms = self.clock.now_ms()
+        now = self.last_flush_ms = self.clock.now_ms()
         if self._flush_job is not None or (end == self.recovery_point and not self.epochs.dirty and not force
                                            and self.names_durable):
             return None
@@ -648,10 +704,11 @@ class PartitionLog:
             job.rolls = self._rolls
         if self.epochs.dirty:
             job.epochs = self.epochs.take_file()
-        if end != self.recovery_point or force:
+        if force or (end != self.recovery_point and (not light or self._snapshot_due(end, now))):
             aborted = aborted_counts if aborted_counts is not None else \
                 {seg.base_offset: len(seg.txn_index.entries) for seg in self.segments if seg.txn_index.entries}
             job.snapshot = (self.directory / SNAPSHOT_FILE, self.producer_state.snapshot_bytes(end, aborted))
+            job.snapshot_mark = (self.active.base_offset, self.active.size, end, now)
         self._flush_job = job
         return job
 
@@ -670,6 +727,30 @@ class PartitionLog:
             self.recovery_point = job.end
         if job.snapshot is not None:
             self._snapshot_name_durable = not job.light
+            self.snapshot_offset = job.end
+            self._snapshot_mark = job.snapshot_mark
+
+    def _snapshot_due(self, end: int, now_ms: int) -> bool:
+        """Whether a periodic flush to ``end`` writes a producer-state snapshot (else only the
+        directory's checkpoint records its recovery point). Recovery replays producer state from the
+        last snapshot up to the recovery point, so this bounds that replay: a snapshot after every
+        roll (as Kafka takes one), and at least every SNAPSHOT_INTERVAL_BYTES of the active segment,
+        SNAPSHOT_INTERVAL_OFFSETS offsets or SNAPSHOT_INTERVAL_MS."""
+        mark = self._snapshot_mark
+        if mark is None:
+            return True
+        base, size, offset, ms = mark
+        active = self.active
+        return active.base_offset != base or active.size - size >= SNAPSHOT_INTERVAL_BYTES or \
+            end - offset >= SNAPSHOT_INTERVAL_OFFSETS or now_ms - ms >= SNAPSHOT_INTERVAL_MS
+
+    def _snapshot_covers(self, offset: int) -> None:
+        """Make sure the producer-state snapshot on disk is at ``offset`` or above (a full flush
+        writes one if not) and its name durable, before the segments below ``offset`` are deleted:
+        recovery replays producer state from the snapshot, so it must never need a deleted segment."""
+        if self.snapshot_offset is None or self.snapshot_offset < offset:
+            self.flush(force=True)
+        self._recovery_point_durable()
 
     def _recovery_point_durable(self) -> None:
         """Make the last snapshot's name durable (a light flush leaves it to writeback) before the
@@ -739,9 +820,7 @@ class PartitionLog:
             if not (too_old or too_big):
                 break
             self.wait_for_flush()  # a flush in flight may still write the oldest segment's indexes
-            if oldest.next_offset > self.recovery_point:
-                self.flush()
-            self._recovery_point_durable()
+            self._snapshot_covers(oldest.next_offset)
             self.segments.pop(0)
             oldest.delete()
             deleted += 1
@@ -758,8 +837,8 @@ class PartitionLog:
 
         Bounded by the high watermark only: the log start may pass an open transaction's first
         offset; the transaction stays open (the LSO is never below the log start) and the producer
-        state is kept, as in Kafka since KIP-360. Segments above the recovery point are flushed
-        first, as retention does, so the producer-state snapshot never lags a deleted segment."""
+        state is kept, as in Kafka since KIP-360. A snapshot is written first if the last one is below
+        a segment to delete, as retention does, so recovery never needs a deleted segment."""
         if before_offset > self.high_watermark or before_offset < 0:
             raise OffsetOutOfRangeError(f"Cannot increment the log start offset to {before_offset} of partition "
                                         f"{self.name} since it is larger than the high watermark "
@@ -772,10 +851,7 @@ class PartitionLog:
                 doomed += 1
             if doomed:
                 self.wait_for_flush()
-            if doomed and self.segments[doomed - 1].next_offset > self.recovery_point:
-                self.flush()
-            if doomed:
-                self._recovery_point_durable()
+                self._snapshot_covers(self.segments[doomed - 1].next_offset)
             for _ in range(doomed):
                 self.segments.pop(0).delete()
             if doomed:
