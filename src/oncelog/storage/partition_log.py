@@ -237,7 +237,7 @@ class PartitionLog:
         for i in range(len(self.segments)):
             if i + 1 < len(self.segments) and self.segments[i + 1].base_offset <= recovery_point:
                 first_unflushed = i + 1
-        scanned_batches = 0
+        scanned_batches = replayed_batches = 0
         for i, seg in enumerate(self.segments):
             had_index = seg.load_indexes()
             if i < first_unflushed:
@@ -247,12 +247,12 @@ class PartitionLog:
                     seg.recover(0, validate=False, partition=self.name)
                     seg.next_offset = self.segments[i + 1].base_offset
                 if replay_from is not None:
-                    self._replay_trusted(seg, replay_from, recovery_point)
+                    replayed_batches += self._replay_trusted(seg, replay_from, recovery_point)
                 continue
             # Trusted prefix of this segment: start scanning at the recovery point's position.
             if seg.base_offset < recovery_point:
                 if replay_from is not None:
-                    self._replay_trusted(seg, replay_from, recovery_point)
+                    replayed_batches += self._replay_trusted(seg, replay_from, recovery_point)
                 start_pos = seg.boundary_position(recovery_point)
                 seg.next_offset = recovery_point
             else:
@@ -284,9 +284,10 @@ class PartitionLog:
         self.recovery_point = min(max(recovery_point, self.segments[0].base_offset), self.log_end_offset)
         if self.snapshot_offset is not None and self.snapshot_offset == self.log_end_offset:
             self._snapshot_mark = (self.active.base_offset, self.active.size, self.log_end_offset, now)
-        if scanned_batches:
-            log.info("%s: recovered %d unflushed batch(es); log end offset %d", self.name, scanned_batches,
-                     self.log_end_offset)
+        if scanned_batches or replayed_batches:
+            log.info("%s: recovered %d unflushed batch(es) above the recovery point %d, replayed the producer "
+                     "state of %d below it; log end offset %d", self.name, scanned_batches, self.recovery_point,
+                     replayed_batches, self.log_end_offset)
 
     @staticmethod
     def _flushed_aborted_txns(seg: LogSegment, recovery_point: int) -> int:
@@ -294,18 +295,20 @@ class PartitionLog:
         seg.txn_index.load(recovery_point)
         return len(seg.txn_index.entries)
 
-    def _replay_trusted(self, seg: LogSegment, start: int, end: int) -> None:
+    def _replay_trusted(self, seg: LogSegment, start: int, end: int) -> int:
         """Replay into the producer state the batches of ``seg`` in [``start``, ``end``): data below
         the recovery point, fsynced, so read without validation (as Kafka rebuilds producer state
-        from its last snapshot). ``start`` (a snapshot's offset) is a batch boundary."""
+        from its last snapshot). ``start`` (a snapshot's offset) is a batch boundary. Returns how
+        many batches it read."""
         if seg.base_offset >= end or (seg.next_offset > seg.base_offset and seg.next_offset <= start):
-            return
+            return 0
         batches = []
         for pos, header, _data in seg.iter_batches(seg.boundary_position(start) if seg.base_offset < start else 0):
             if header.base_offset >= end:
                 break
             batches.append((pos, header))
         self._replay(seg, batches)
+        return len(batches)
 
     def _replay(self, seg: LogSegment, batches: list[tuple[int, rb.BatchHeader]]) -> None:
         for pos, header in batches:
