@@ -360,3 +360,27 @@ def test_a_pass_waits_for_a_job_the_loop_took_over(tmp_path: Path, monkeypatch: 
     assert order == ["data fsync returned", "checkpoint"]
     logs.finish_flush_pass(flush_pass)
     assert plog.recovery_point == 2
+
+
+def test_a_clean_stop_leaves_nothing_to_replay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Snapshots lag the recovery point by design; a clean close writes one at the log end."""
+    monkeypatch.setattr(partition_log, "SNAPSHOT_INTERVAL_MS", 10**12)
+    clock = ManualClock(1_000_000)
+    logs = LogManager(tmp_path, LogConfig(), clock)
+    logs.create_topic(TOPIC, 1, {})
+    plog = logs.get_partition(TOPIC, 0)
+    assert plog is not None
+    plog.append(batch(3, pid=7, epoch=0, seq=0))
+    clock.advance(2_000)
+    flush_pass = logs.begin_flush_pass(clock.now_ms())
+    assert flush_pass is not None
+    flush_pass.run()
+    logs.finish_flush_pass(flush_pass)
+    assert plog.recovery_point == 3 and plog.snapshot_offset is None
+    logs.close()
+    logs = LogManager(tmp_path, LogConfig(), clock)
+    plog = logs.get_partition(TOPIC, 0)
+    assert plog is not None
+    assert plog.snapshot_offset == plog.recovery_point == 3
+    assert plog.producer_state.producers[7].last_seq == 2
+    logs.close()

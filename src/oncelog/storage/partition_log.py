@@ -910,8 +910,10 @@ class PartitionLog:
 
     # --- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
+        """Flush and close. A clean stop leaves a snapshot at the log end (as Kafka writes one at
+        shutdown), so the next start replays nothing."""
         if self.dir_state.offline_reason is None:
-            self.flush()
+            self.flush(force=self.snapshot_offset != self.log_end_offset)
         for seg in self.segments:
             if self.dir_state.offline_reason is None:
                 seg.close()
