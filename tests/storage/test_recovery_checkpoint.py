@@ -14,6 +14,7 @@ producer's window is found to be a duplicate. Power cuts of the same code run in
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 import tempfile
@@ -138,6 +139,14 @@ class CheckpointMachine(RuleBasedStateMachine):
         plog = self.plog
         target = plog.log_start_offset + int((plog.high_watermark - plog.log_start_offset) * fraction)
         plog.delete_records(target)
+
+    @rule(keep=st.integers(2_000, 30_000))
+    def retention(self, keep: int) -> None:
+        """retention.bytes deletes old segments: a snapshot must cover them first."""
+        plog = self.plog
+        plog.set_config(dataclasses.replace(self.cfg, retention_bytes=keep))
+        plog.apply_retention(self.clock.now_ms())
+        plog.set_config(self.cfg)
 
     @rule(run_first=st.booleans())
     def crash_and_restart(self, run_first: bool) -> None:
