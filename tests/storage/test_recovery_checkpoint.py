@@ -15,6 +15,7 @@ producer's window is found to be a duplicate. Power cuts of the same code run in
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import shutil
 import tempfile
@@ -183,8 +184,9 @@ class CheckpointMachine(RuleBasedStateMachine):
 def test_recovery_matches_the_crashed_log(interval_ms: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(partition_log, "SNAPSHOT_INTERVAL_MS", interval_ms)
     STATS.update(restarts=0, replayed=0)
+    examples = int(os.environ.get("ONCELOG_CHECKPOINT_EXAMPLES", "60"))
     run_state_machine_as_test(CheckpointMachine, settings=settings(
-        max_examples=60, stateful_step_count=60, deadline=None, suppress_health_check=list(HealthCheck)))
+        max_examples=examples, stateful_step_count=60, deadline=None, suppress_health_check=list(HealthCheck)))
     assert STATS["restarts"] > 20
     if interval_ms:
         assert STATS["replayed"] > 5, STATS  # the path under test was taken
