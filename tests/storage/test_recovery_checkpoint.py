@@ -62,6 +62,30 @@ def _state(logs: LogManager) -> dict:
             "aborted": plog.aborted_transactions(plog.log_start_offset, plog.log_end_offset)}
 
 
+def _open(directory: Path, clock: ManualClock, partitions: int = 1) -> tuple[LogManager, partition_log.PartitionLog]:
+    """A log manager on ``directory`` (with topic TOPIC, created if new) and TOPIC's partition 0."""
+    logs = LogManager(directory, LogConfig(), clock)
+    if TOPIC not in logs.topics():
+        logs.create_topic(TOPIC, partitions, {})
+    plog = logs.get_partition(TOPIC, 0)
+    assert plog is not None
+    return logs, plog
+
+
+def _plan_pass(logs: LogManager, clock: ManualClock) -> recovery_checkpoint.FlushPass:
+    """The periodic flush 2 s later (every partition with new data is due)."""
+    clock.advance(2_000)
+    flush_pass = logs.begin_flush_pass(clock.now_ms())
+    assert flush_pass is not None
+    return flush_pass
+
+
+def _flush_pass(logs: LogManager, clock: ManualClock) -> None:
+    flush_pass = _plan_pass(logs, clock)
+    flush_pass.run()
+    logs.finish_flush_pass(flush_pass)
+
+
 class CheckpointMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -197,26 +221,17 @@ def test_checkpoint_alone_moves_the_recovery_point_on_disk(tmp_path: Path, monke
     the new recovery point, and a restart scans only what is above it (replaying the rest)."""
     monkeypatch.setattr(partition_log, "SNAPSHOT_INTERVAL_MS", 10**12)
     clock = ManualClock(1_000_000)
-    logs = LogManager(tmp_path, LogConfig(), clock)
-    logs.create_topic(TOPIC, 2, {})
-    plog = logs.get_partition(TOPIC, 0)
-    assert plog is not None
+    logs, plog = _open(tmp_path, clock, partitions=2)
     for seq in range(0, 30, 3):
         plog.append(batch(3, pid=7, epoch=0, seq=seq))
-        clock.advance(2_000)
-        flush_pass = logs.begin_flush_pass(clock.now_ms())
-        assert flush_pass is not None
-        flush_pass.run()
-        logs.finish_flush_pass(flush_pass)
+        _flush_pass(logs, clock)
     assert plog.snapshot_offset is None  # a new log: none was due
     assert plog.recovery_point == 30
     points = recovery_checkpoint.read(tmp_path / recovery_checkpoint.FILE_NAME)
     topic_id = logs.topics()[TOPIC].topic_id
     assert points == {(TOPIC, 0): (30, topic_id), (TOPIC, 1): (0, topic_id)}
     _crash(logs)
-    logs = LogManager(tmp_path, LogConfig(), clock)
-    plog = logs.get_partition(TOPIC, 0)
-    assert plog is not None
+    logs, plog = _open(tmp_path, clock)
     assert plog.recovery_point == 30
     assert plog.producer_state.producers[7].last_seq == 29
     assert plog.append(batch(3, pid=7, epoch=0, seq=27)).duplicate
@@ -238,9 +253,7 @@ def test_a_recreated_topic_does_not_inherit_the_old_recovery_point(tmp_path: Pat
     # What a pass of the old incarnation left: recovery point 500 for the name.
     path.write_bytes(recovery_checkpoint.encode({(TOPIC, 0): (500, old_id)}))
     _crash(logs)
-    logs = LogManager(tmp_path, LogConfig(), clock)
-    plog = logs.get_partition(TOPIC, 0)
-    assert plog is not None
+    logs, plog = _open(tmp_path, clock)
     assert plog.log_end_offset == 2 and plog.recovery_point <= 2
 
 
@@ -256,16 +269,11 @@ def test_an_unreadable_checkpoint_is_ignored(tmp_path: Path, caplog: pytest.LogC
 def test_a_failed_checkpoint_takes_the_directory_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(partition_log, "SNAPSHOT_INTERVAL_MS", 10**12)
     clock = ManualClock(1_000_000)
-    logs = LogManager(tmp_path, LogConfig(), clock)
-    logs.create_topic(TOPIC, 1, {})
-    plog = logs.get_partition(TOPIC, 0)
-    assert plog is not None
+    logs, plog = _open(tmp_path, clock)
     plog.append(batch(1))
     plog.flush()  # the snapshot: later passes are not due one
     plog.append(batch(1))
-    clock.advance(2_000)
-    flush_pass = logs.begin_flush_pass(clock.now_ms())
-    assert flush_pass is not None
+    flush_pass = _plan_pass(logs, clock)
     (tmp_path / (recovery_checkpoint.FILE_NAME + ".tmp")).mkdir()  # the temporary file cannot be made
     flush_pass.run()
     assert isinstance(flush_pass.error, OSError)
@@ -277,7 +285,7 @@ def test_a_failed_checkpoint_takes_the_directory_offline(tmp_path: Path, monkeyp
 def test_a_power_cut_at_any_step_of_a_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A pass that writes no snapshot, cut at each of its disk operations in turn, the unsynced
     writes lost (LazyFS's clear-cache): the recovery point found on disk is never above the data,
-    and the producer state recovered is the one before the pass (nothing was acknowledged)."""
+    and the log end offset is where the surviving data ends."""
     monkeypatch.setattr(partition_log, "SNAPSHOT_INTERVAL_MS", 10**12)
     saved = fileio.fs
     try:
@@ -288,19 +296,15 @@ def test_a_power_cut_at_any_step_of_a_pass(tmp_path: Path, monkeypatch: pytest.M
             recording = CrashFS(before)
             fileio.fs = recording
             clock = ManualClock(1_000_000)
-            logs = LogManager(before, LogConfig(), clock)
-            logs.create_topic(TOPIC, 2, {})
-            plog = logs.get_partition(TOPIC, 0)
-            assert plog is not None
+            logs, plog = _open(before, clock, partitions=2)
             plog.append(batch(3, pid=7, epoch=0, seq=0))
             for p in range(2):
                 other = logs.get_partition(TOPIC, p)
                 assert other is not None
                 other.flush(force=True)  # durable: snapshots at 3 and 0
                 other.append(batch(2, pid=8 + p, epoch=0, seq=0, size=5_000))
-            clock.advance(2_000)
-            flush_pass = logs.begin_flush_pass(clock.now_ms())
-            assert flush_pass is not None and all(job.snapshot is None for _plog, job in flush_pass.jobs)
+            flush_pass = _plan_pass(logs, clock)
+            assert all(job.snapshot is None for _plog, job in flush_pass.jobs)
             recording.cut_after(step)
             try:
                 flush_pass.run()
@@ -333,15 +337,10 @@ def test_a_pass_waits_for_a_job_the_loop_took_over(tmp_path: Path, monkeypatch: 
     job's fsync returned on the other thread."""
     monkeypatch.setattr(partition_log, "SNAPSHOT_INTERVAL_MS", 10**12)
     clock = ManualClock(1_000_000)
-    logs = LogManager(tmp_path, LogConfig(), clock)
-    logs.create_topic(TOPIC, 1, {})
-    plog = logs.get_partition(TOPIC, 0)
-    assert plog is not None
+    logs, plog = _open(tmp_path, clock)
     plog.flush(force=True)
     plog.append(batch(2))
-    clock.advance(2_000)
-    flush_pass = logs.begin_flush_pass(clock.now_ms())
-    assert flush_pass is not None
+    flush_pass = _plan_pass(logs, clock)
     in_fsync, release = threading.Event(), threading.Event()
     order: list[str] = []
 
@@ -377,21 +376,12 @@ def test_a_clean_stop_leaves_nothing_to_replay(tmp_path: Path, monkeypatch: pyte
     """Snapshots lag the recovery point by design; a clean close writes one at the log end."""
     monkeypatch.setattr(partition_log, "SNAPSHOT_INTERVAL_MS", 10**12)
     clock = ManualClock(1_000_000)
-    logs = LogManager(tmp_path, LogConfig(), clock)
-    logs.create_topic(TOPIC, 1, {})
-    plog = logs.get_partition(TOPIC, 0)
-    assert plog is not None
+    logs, plog = _open(tmp_path, clock)
     plog.append(batch(3, pid=7, epoch=0, seq=0))
-    clock.advance(2_000)
-    flush_pass = logs.begin_flush_pass(clock.now_ms())
-    assert flush_pass is not None
-    flush_pass.run()
-    logs.finish_flush_pass(flush_pass)
+    _flush_pass(logs, clock)
     assert plog.recovery_point == 3 and plog.snapshot_offset is None
     logs.close()
-    logs = LogManager(tmp_path, LogConfig(), clock)
-    plog = logs.get_partition(TOPIC, 0)
-    assert plog is not None
+    logs, plog = _open(tmp_path, clock)
     assert plog.snapshot_offset == plog.recovery_point == 3
     assert plog.producer_state.producers[7].last_seq == 2
     logs.close()
