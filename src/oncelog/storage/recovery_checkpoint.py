@@ -20,8 +20,9 @@ Invariants:
 - a value applies to one incarnation of a partition: the topic id must match the topic's in
   ``topics.json``, so a topic deleted and created again under its name (a crash before the next
   pass) does not inherit the old recovery point;
-- the file is replaced atomically (temporary file, fsync, rename); the rename's durability is left
-  to writeback, since the previous file is valid too (an older recovery point, a longer rescan).
+- the file is replaced atomically (temporary file, fsync, rename) and the rename is made durable
+  (a directory fsync, one per pass): the previous file would be valid too, but then how far a
+  recovery rescans would depend on the kernel's writeback, not on the last pass.
 """
 
 from __future__ import annotations
