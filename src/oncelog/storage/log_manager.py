@@ -360,12 +360,7 @@ class LogManager:
             except fileio.StorageOfflineError as exc:
                 failure = failure or exc
         if flush_pass.error is not None and failure is None:
-            reason = f"{flush_pass.path}: {flush_pass.error}"
-            if self.dir_state.offline_reason is None:
-                self.dir_state.offline_reason = reason
-                log.critical("writing the recovery-point checkpoint failed (%s); the log directory takes no more "
-                             "writes", flush_pass.error)
-            failure = fileio.StorageOfflineError(reason)
+            failure = self.dir_state.fail(str(flush_pass.path), flush_pass.error)
         if failure is not None:
             raise failure
 

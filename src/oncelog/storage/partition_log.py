@@ -96,6 +96,14 @@ class LogDirState:
 
     offline_reason: str | None = None
 
+    def fail(self, what: str, error: BaseException) -> fileio.StorageOfflineError:
+        """``what`` failed with ``error``: the directory goes offline (the first failure's reason
+        is kept and logged, never retried); returns the error for the caller to raise."""
+        if self.offline_reason is None:
+            self.offline_reason = f"{what}: {error}"
+            log.critical("%s: a write to disk failed (%s); the log directory takes no more writes", what, error)
+        return fileio.StorageOfflineError(str(error))
+
 
 class PartitionLog:
     def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, clock: Clock,
@@ -797,11 +805,7 @@ class PartitionLog:
         try:
             step()
         except OSError as exc:
-            if self.dir_state.offline_reason is None:
-                self.dir_state.offline_reason = f"{self.name}: {exc}"
-                log.critical("%s: a write to disk failed (%s); the log directory takes no more writes",
-                             self.name, exc)
-            raise fileio.StorageOfflineError(str(exc)) from exc
+            raise self.dir_state.fail(self.name, exc) from exc
 
     # --- retention -------------------------------------------------------------------------------
     def apply_retention(self, now_ms: int) -> int:
