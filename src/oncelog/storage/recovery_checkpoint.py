@@ -28,9 +28,8 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +86,6 @@ class FlushPass:
     points: Points
     error: BaseException | None = None
     wrote_checkpoint: bool = False
-    done: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
         """Every job (each once, see ``FlushJob.run``), then the checkpoint, if a job moved a
@@ -115,5 +113,3 @@ class FlushPass:
                 self.wrote_checkpoint = True
         except OSError as exc:
             self.error = exc
-        finally:
-            self.done.set()
