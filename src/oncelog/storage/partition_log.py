@@ -248,19 +248,17 @@ class PartitionLog:
         scanned_batches = replayed_batches = 0
         for i, seg in enumerate(self.segments):
             had_index = seg.load_indexes()
+            if i < first_unflushed and not had_index and seg.size:
+                log.info("%s: rebuilding the indexes of %s", self.name, seg.path.name)
+                seg.next_offset = seg.base_offset
+                seg.recover(0, validate=False, partition=self.name)
+                seg.next_offset = self.segments[i + 1].base_offset
+            if replay_from is not None:  # this segment's part below the recovery point, if any
+                replayed_batches += self._replay_trusted(seg, replay_from, recovery_point)
             if i < first_unflushed:
-                if not had_index and seg.size:
-                    log.info("%s: rebuilding the indexes of %s", self.name, seg.path.name)
-                    seg.next_offset = seg.base_offset
-                    seg.recover(0, validate=False, partition=self.name)
-                    seg.next_offset = self.segments[i + 1].base_offset
-                if replay_from is not None:
-                    replayed_batches += self._replay_trusted(seg, replay_from, recovery_point)
                 continue
             # Trusted prefix of this segment: start scanning at the recovery point's position.
             if seg.base_offset < recovery_point:
-                if replay_from is not None:
-                    replayed_batches += self._replay_trusted(seg, replay_from, recovery_point)
                 start_pos = seg.boundary_position(recovery_point)
                 seg.next_offset = recovery_point
             else:
