@@ -73,10 +73,13 @@ def fake_doc() -> dict[str, Any]:
                                       "brokers": {"oncelog": {"error": "client process 0: boom", "latency": {}},
                                                   "tansu": {"throughput": thr(70_000), "latency": {}}}}
 
-    def point(x: int, ours: float, tansu: float) -> dict[str, Any]:
+    def point(x: int, ours: float, tansu: float, busy: tuple[float, float] | None = None) -> dict[str, Any]:
+        o, t = thr(ours), thr(tansu)
+        if busy:  # the broker's CPU in the run, % of one core: ours, Tansu's
+            o["cpu"], t["cpu"] = {**o["cpu"], "broker_pct": busy[0]}, {**t["cpu"], "broker_pct": busy[1]}
         return {"partitions": x, "producers": 2, "processes": 2, "per_process": 1, "size": 1024, "brokers": {
-            "oncelog": {"throughput": thr(ours), "latency": lat(3.0)},
-            "tansu": {"throughput": thr(tansu), "latency": lat(1.0)}}}
+            "oncelog": {"throughput": o, "latency": lat(3.0)},
+            "tansu": {"throughput": t, "latency": lat(1.0)}}}
 
     return {"conditions": {"date": "2026-11-23", "mode": "full", "cpus": 2, "load_average_1_5_15": [1.0, 1.0, 1.0],
                            "machine": "x86_64", "python": "3.11", "librdkafka": "2.16.0", "confluent_kafka": "2.16",
@@ -88,8 +91,11 @@ def fake_doc() -> dict[str, Any]:
             "rows": rows,
             "curves": {"partitions": {"x": [1, 1000], "xlabel": "partitions",
                                       "points": [point(1, 40_000, 20_000), point(1000, 8_000, 16_000)]},
-                       "scale target": {"x": [1, 100], "xlabel": "target",
-                                        "points": [point(3, 40_000, 20_000), point(1000, 10_000, 18_000)]}},
+                       "scale target": {"x": [1, 100], "xlabel": "target", "partitioner": "round_robin",
+                                        "points": [point(3, 40_000, 20_000), point(1000, 10_000, 18_000)]},
+                       "scale target, keyless": {"x": [1, 100], "xlabel": "target", "partitioner": "client",
+                                                 "points": [point(3, 40_000, 20_000, busy=(80.0, 100.0)),
+                                                            point(1000, 24_000, 16_000, busy=(40.0, 100.0))]}},
             "pipeline": {"records": 1000, "size": 100, "points": [
                 {"max_offsets": 100, "at_most_once": {"records_per_s": 900}, "at_least_once": {"records_per_s": 1000},
                  "exactly_once": {"records_per_s": 800}, "copier": {"records_per_s": 640}, "ratio_eo_vs_alo": 0.8,
@@ -104,7 +110,13 @@ def test_ratios_are_the_ones_that_mean_something() -> None:
     assert found["idempotent / acks=all"]["oncelog"] == pytest.approx(0.75)
     assert found["fsync per append / acks=all"] == {"oncelog": 0.25, "tansu": 1.0}
     assert found["oncelog / tansu: produce acks=all"] == {"throughput": 2.0, "p99 at 5%": 2.0, "p99 at 50%": 2.0}
-    assert found["1,000 partitions x 100 producers / 3 partitions x 1 producer"] == {"oncelog": 0.25, "tansu": 0.9}
+    assert found["1,000 partitions x 100 producers / 3 partitions x 1 producer, records round robin"] == {
+        "oncelog": 0.25, "tansu": 0.9}
+    # keyless: ours kept 0.6 of its throughput on half the broker CPU: 1.2x the MB/s per broker core
+    assert found["1,000 partitions x 100 producers / 3 partitions x 1 producer, keyless records"] == {
+        "oncelog": 0.6, "tansu": 0.8}
+    assert found["MB/s per core of broker CPU, 1,000 x 100 / 3 x 1, keyless records"] == {
+        "oncelog": pytest.approx(1.2), "tansu": pytest.approx(0.8)}
     assert "read_committed / read_uncommitted" in found  # Tansu's figure; ours failed and has none
     assert found["read_committed / read_uncommitted"]["oncelog"] is None
 
@@ -125,6 +137,8 @@ def test_the_report_is_written_from_the_json_alone(tmp_path: Path) -> None:
     assert page.count("<img ") == len(make_charts(doc)) == len(list(tmp_path.glob("*.png")))
     assert "client process 0: boom" in page and "spark failed" in page and "312/988" in page
     assert (tmp_path / "pipeline.png").exists() and (tmp_path / "curve-scale-target-p99.png").exists()
+    assert (tmp_path / "curve-scale-target-keyless-throughput.png").exists()
+    assert "keyless records" in text and "own partitioner (librdkafka" in page
 
 
 @pytest.mark.parametrize(("args", "why"), [(["--rows", "bogus"], "unknown rows"), (["--size", "0"], "must be positive"),
@@ -228,5 +242,44 @@ def test_the_fsync_per_append_rows_topics_carry_flush_messages_1(tmp_path: Path)
         for config, expected in ((FSYNC_PER_APPEND, "1"), ((), str(2**63 - 1))):
             res = ConfigResource(ConfigResource.Type.TOPIC, broker.topic("t", 1, config))
             assert admin.describe_configs([res])[res].result(timeout=30)["flush.messages"].value == expected
+    finally:
+        process.stop()
+
+
+def test_keyless_producers_leave_the_partition_to_the_client(tmp_path: Path) -> None:
+    """The keyless scale target is what it says: its records carry no partition and no key, so
+    librdkafka's sticky partitioner fills one partition at a time (uneven counts); the round-robin
+    jobs put record i in partition i mod n (counts within one of each other)."""
+    from collections import Counter
+
+    from oncelog.bench.clients import Job, _ProducerThread
+    from oncelog.bench.runner import SCALE_TARGETS, Broker
+    from oncelog.testing.broker_process import oncelog_broker
+
+    assert {p for _, p, _ in SCALE_TARGETS} == {"round_robin", "client"}
+    process = oncelog_broker(tmp_path / "data").start()
+    try:
+        broker = Broker("oncelog", process, cores=1)
+        counts: dict[str, Counter[int]] = {}
+        for partitioner in ("round_robin", "client"):
+            topic = broker.topic(f"spread-{partitioner}", 12)
+            job = Job("produce", broker.bootstrap, topic, list(range(12)), size=100, duration_s=0.5,
+                      partitioner=partitioner)
+            thread = _ProducerThread(job, 0)
+            seen: Counter[int] = Counter()
+            deliver = thread._on_delivery
+
+            def on_delivery(err: Any, msg: Any, seen: Counter[int] = seen, deliver: Any = deliver) -> None:
+                assert msg.key() is None
+                seen[msg.partition()] += 1
+                deliver(err, msg)
+
+            thread._on_delivery = on_delivery  # type: ignore[method-assign]
+            thread.run(time.monotonic())
+            assert thread.errors == 0 and thread.acked == sum(seen.values()) > 1_000
+            counts[partitioner] = seen
+        rr, sticky = counts["round_robin"], counts["client"]
+        assert len(rr) == 12 and max(rr.values()) - min(rr.values()) <= 1
+        assert max(sticky.values()) - min(sticky.get(p, 0) for p in range(12)) > 12, sticky
     finally:
         process.stop()

@@ -47,6 +47,7 @@ class Job:
     bootstrap: str
     topic: str
     partitions: list[int]  # written round robin (produce) or read (consume)
+    partitioner: str = "round_robin"  # produce: "round_robin" over ``partitions`` | "client" (keyless)
     mode: str = "plain"  # producer: "plain" (acks=all) | "idempotent" | "transactional"
     producers: int = 1  # producers in this process, one thread each
     size: int = 1024
@@ -174,6 +175,7 @@ class _ProducerThread:
         i = 0
         produce, poll, now = p.produce, p.poll, time.monotonic
         cb = self._on_delivery
+        spread = job.partitioner == "round_robin"
         while True:
             t = now()
             if t >= end:
@@ -189,7 +191,10 @@ class _ProducerThread:
             for _ in range(burst):
                 STAMP.pack_into(value, 0, time.monotonic_ns())
                 try:
-                    produce(job.topic, bytes(value), partition=parts[i % n], on_delivery=cb)
+                    if spread:
+                        produce(job.topic, bytes(value), partition=parts[i % n], on_delivery=cb)
+                    else:
+                        produce(job.topic, bytes(value), on_delivery=cb)
                 except BufferError:
                     poll(0.001)
                     break

@@ -151,6 +151,16 @@ class Broker:
             pass
 
 
+# The scale target (issue 14) measured twice, as the two ways producers spread records over partitions:
+# - record by record round robin, each record to the next partition: what keyed records with many distinct
+#   keys look like. librdkafka puts one partition in each Produce request (its issue #1700), so at 1,000
+#   partitions each request carries one or two records and a broker's cost is per request, not per byte;
+# - keyless records through the client's own partitioner (librdkafka's sticky partitioner: one partition
+#   until the batch is sent), which is how Kafka's kafka-producer-perf-test measures.
+# (curve name, Job.partitioner, topic-name tag)
+SCALE_TARGETS = (("scale target", "round_robin", ""), ("scale target, keyless", "client", "-keyless"))
+
+
 def limited_by(cpu: CpuUse, broker_cores: int) -> str:
     """Who limits a throughput run, from where the CPU went (a heuristic; performance.md explains it)."""
     if cpu.broker_pct >= 85 * broker_cores:
@@ -223,18 +233,19 @@ class Bench:
 
     def _producers(self, broker: Broker, topic: str, partitions: int, *, mode: str = "plain",
                    processes: int, per_process: int, size: int, rate: float = 0.0,
-                   stats: bool = False) -> list[Job]:
+                   stats: bool = False, partitioner: str = "round_robin") -> list[Job]:
         plan = self.plan
         return [Job("produce", broker.bootstrap, topic, list(range(partitions)), mode=mode, producers=per_process,
                     size=size, duration_s=plan.latency_s if rate else plan.duration_s,
                     rate=rate / processes if rate else 0.0, linger_ms=0 if rate else 5,
-                    warmup_s=plan.warmup_s if rate else 0.0, stats=stats)
+                    warmup_s=plan.warmup_s if rate else 0.0, stats=stats, partitioner=partitioner)
                 for _ in range(processes)]
 
     def throughput(self, broker: Broker, topic: str, partitions: int, *, mode: str = "plain", processes: int,
-                   per_process: int, size: int, stats: bool = False) -> dict[str, Any]:
+                   per_process: int, size: int, stats: bool = False,
+                   partitioner: str = "round_robin") -> dict[str, Any]:
         jobs = self._producers(broker, topic, partitions, mode=mode, processes=processes, per_process=per_process,
-                               size=size, stats=stats)
+                               size=size, stats=stats, partitioner=partitioner)
         run, a, b = self._run(broker, jobs)
         return _summary(run, a, b, broker)
 
@@ -246,11 +257,12 @@ class Bench:
         return _summary(run, a, b, broker)
 
     def latency(self, broker: Broker, topic: str, partitions: int, rate: float, *, mode: str = "plain",
-                processes: int, per_process: int, size: int, consume: str = "") -> dict[str, Any]:
+                processes: int, per_process: int, size: int, consume: str = "",
+                partitioner: str = "round_robin") -> dict[str, Any]:
         """Records at a fixed total ``rate``; acknowledgement latency, or produce-to-consume latency
         when ``consume`` names an isolation level (consumers in their own processes)."""
         jobs = self._producers(broker, topic, partitions, mode=mode, processes=processes, per_process=per_process,
-                               size=size, rate=rate)
+                               size=size, rate=rate, partitioner=partitioner)
         consumers = min(self.plan.processes, partitions) if consume else 0
         jobs += [Job("consume", broker.bootstrap, topic, [p for p in range(partitions) if p % consumers == i],
                      isolation=consume, latency=True, duration_s=self.plan.latency_s, warmup_s=self.plan.warmup_s)
@@ -352,10 +364,11 @@ class Bench:
     # --- curves -------------------------------------------------------------------------------------
 
     def _point(self, what: str, *, partitions: int, processes: int, per_process: int,
-               size: int) -> dict[str, Any]:
+               size: int, partitioner: str = "round_robin") -> dict[str, Any]:
         """Throughput of every broker at one point, then p99 at a fraction of the lower peak."""
         point: dict[str, Any] = {"partitions": partitions, "producers": processes * per_process,
-                                 "processes": processes, "per_process": per_process, "size": size, "brokers": {}}
+                                 "processes": processes, "per_process": per_process, "size": size,
+                                 "partitioner": partitioner, "brokers": {}}
         topics = {}
         for broker in self.brokers:
             self.progress(f"{what} on {broker.name}: throughput")
@@ -363,7 +376,7 @@ class Bench:
                 topics[broker.name] = broker.topic(what.replace(" ", "-").replace("=", ""), partitions)
                 point["brokers"][broker.name] = {"throughput": self.throughput(
                     broker, topics[broker.name], partitions, processes=processes, per_process=per_process,
-                    size=size)}
+                    size=size, partitioner=partitioner)}
             except BenchError as exc:
                 point["brokers"][broker.name] = {"error": str(exc)}
         peaks = [b["throughput"]["records_per_s"] for b in point["brokers"].values() if "throughput" in b]
@@ -375,7 +388,7 @@ class Bench:
             try:
                 point["brokers"][broker.name]["latency"] = self.latency(
                     broker, topics[broker.name], partitions, rate, processes=processes, per_process=per_process,
-                    size=size)
+                    size=size, partitioner=partitioner)
             except BenchError as exc:
                 point["brokers"][broker.name]["latency"] = {"error": str(exc)}
             broker.delete(topics[broker.name])
@@ -383,7 +396,8 @@ class Bench:
 
     def curves(self) -> dict[str, Any]:
         plan = self.plan
-        base = {"partitions": plan.partitions, "processes": plan.processes, "per_process": 1, "size": plan.size}
+        base: dict[str, Any] = {"partitions": plan.partitions, "processes": plan.processes, "per_process": 1,
+                                "size": plan.size}
         curves: dict[str, Any] = {}
         curves["partitions"] = {"x": list(plan.partition_points), "xlabel": "partitions", "points": [
             self._point(f"partitions={n}", **{**base, "partitions": n}) for n in plan.partition_points]}
@@ -395,11 +409,14 @@ class Bench:
             self._point(f"size={s}", **{**base, "size": s}) for s in plan.size_points]}
         if plan.scale_target:
             p, q = plan.producer_points[-1]
-            curves["scale target"] = {
-                "x": [1, p * q], "xlabel": "3 partitions x 1 producer, then 1,000 partitions x 100 producers",
-                "points": [self._point("target=3p-1x1", partitions=3, processes=1, per_process=1, size=plan.size),
-                           self._point(f"target=1000p-{p}x{q}", partitions=1000, processes=p, per_process=q,
-                                       size=plan.size)]}
+            for name, partitioner, tag in SCALE_TARGETS:
+                curves[name] = {
+                    "x": [1, p * q], "xlabel": "3 partitions x 1 producer, then 1,000 partitions x 100 producers",
+                    "partitioner": partitioner, "points": [
+                        self._point(f"target{tag}=3p-1x1", partitions=3, processes=1, per_process=1, size=plan.size,
+                                    partitioner=partitioner),
+                        self._point(f"target{tag}=1000p-{p}x{q}", partitions=1000, processes=p, per_process=q,
+                                    size=plan.size, partitioner=partitioner)]}
         return curves
 
 
