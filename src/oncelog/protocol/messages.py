@@ -32,6 +32,9 @@ from kio.static.primitive import i32Timedelta, i64Timedelta
 
 from oncelog.protocol.bounds import check_lengths
 from oncelog.protocol.errors import MalformedRequestError, UnknownApiKeyError, UnsupportedVersionError
+from oncelog.protocol.produce_request import MAX_VERSION as PRODUCE_MAX
+from oncelog.protocol.produce_request import MIN_VERSION as PRODUCE_MIN
+from oncelog.protocol.produce_request import decode_produce
 from oncelog.protocol.produce_response import encode_produce_response
 from oncelog.protocol.records import encode_uvarint
 from oncelog.protocol.versions import API_FETCH, API_PRODUCE, SUPPORTED_VERSIONS
@@ -81,13 +84,29 @@ def peek_header(frame: bytes) -> tuple[int, int, int]:
     return _PEEK.unpack_from(frame, 0)
 
 
-def decode_request(frame: bytes, supported: Mapping[int, tuple[int, int]] = SUPPORTED_VERSIONS) -> Request:
+def decode_request(frame: bytes, supported: Mapping[int, tuple[int, int]] = SUPPORTED_VERSIONS,
+                   session: Any = None) -> Request:
+    """The frame (without its size prefix) as a ``Request`` from ``session``; Produce by the hand-written
+    reader of protocol/produce_request.py (the same answers, a named-tuple body), the rest by kio."""
     api_key, api_version, correlation_id = peek_header(frame)
     if api_key not in supported:
         raise UnknownApiKeyError(api_key, api_version, correlation_id)
     lo, hi = supported[api_key]
     if not lo <= api_version <= hi:
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
+    if api_key == API_PRODUCE and PRODUCE_MIN <= api_version <= PRODUCE_MAX:
+        try:
+            _, client_id, produce = decode_produce(frame, api_version)
+        except Exception as exc:
+            raise MalformedRequestError(f"cannot parse Produce v{api_version}: {exc}") from exc
+        return Request(api_key, api_version, correlation_id, client_id, produce, session)
+    client_id, body = decode_with_kio(frame, api_key, api_version)
+    return Request(api_key, api_version, correlation_id, client_id, body, session)
+
+
+def decode_with_kio(frame: bytes, api_key: int, api_version: int) -> tuple[str | None, Any]:
+    """(client_id, kio body) of a request frame of a supported version: the bounds walk, kio's reader
+    and the null-array check (``MalformedRequestError`` for what any of them refuses)."""
     req_t = request_type(api_key, api_version)
     try:
         header, pos = _reader(req_t.__header_schema__)(frame, 0)  # type: ignore[attr-defined]
@@ -99,7 +118,7 @@ def decode_request(frame: bytes, supported: Mapping[int, tuple[int, int]] = SUPP
     if null is not None:
         raise MalformedRequestError(
             f"cannot parse {api_key_map.get(api_key)} v{api_version}: non-nullable field {null} was serialized as null")
-    return Request(api_key, api_version, correlation_id, getattr(header, "client_id", None), body)
+    return getattr(header, "client_id", None), body
 
 
 @cache

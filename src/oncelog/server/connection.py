@@ -30,7 +30,6 @@ sets ``close_after_response`` to send one last answer (a refused login) and clos
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import logging
 import time
@@ -248,7 +247,7 @@ class KafkaConnection(asyncio.Protocol):
             self.close()
             return None
         try:
-            request = decode_request(frame, broker.supported_versions)
+            request = decode_request(frame, broker.supported_versions, self)
         except UnsupportedVersionError as exc:
             return self._unsupported(frame, exc)
         except MalformedRequestError as exc:
@@ -256,7 +255,6 @@ class KafkaConnection(asyncio.Protocol):
             self.close()
             return None
         handler = broker.handlers[request.api_key]
-        request = dataclasses.replace(request, session=self)
         result: Any = handler(broker, request)
         if inspect.isawaitable(result):
             self._send_pending()  # earlier answers do not wait for this one's fsync
