@@ -256,7 +256,7 @@ class KafkaConnection(asyncio.Protocol):
             return None
         handler = broker.handlers[request.api_key]
         result: Any = handler(broker, request)
-        if inspect.isawaitable(result):
+        if type(result) is not dict and inspect.isawaitable(result):  # most answers are dicts: skip the ABC check
             self._send_pending()  # earlier answers do not wait for this one's fsync
             result = await result
         if result is None:  # acks=0 produce: no response at all
