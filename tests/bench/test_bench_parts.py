@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -278,7 +279,7 @@ def test_keyless_producers_leave_the_partition_to_the_client(tmp_path: Path) -> 
             thread.run(time.monotonic())
             assert thread.errors == 0 and thread.acked == len(sent) > 1_000
             order = [p for _, p in sorted(sent)]
-            switches = sum(a != b for a, b in zip(order, order[1:], strict=False))
+            switches = sum(a != b for a, b in itertools.pairwise(order))
             counts = Counter(order)
             if partitioner == "round_robin":
                 assert switches == len(order) - 1 and max(counts.values()) - min(counts.values()) <= 1
