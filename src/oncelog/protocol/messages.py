@@ -1,6 +1,7 @@
 """Request decoding and response encoding on top of kio's generated message classes.
 
-``decode_request`` turns a frame into a ``Request`` (header fields + kio body); ``encode_response``
+``decode_request`` turns a frame into a ``Request`` (header fields + kio body; Produce's body is
+read by hand, protocol/produce_request.py, into named tuples with kio's field names); ``encode_response``
 turns a response body into a length-prefixed frame with the right response header version (kio's
 schemas already carry the ApiVersions quirk: response header v0 even at v3). ``build`` constructs a
 kio response from plain nested dicts so handlers can be written once for every version: fields a
