@@ -152,6 +152,32 @@ def test_produce_fetch_and_metadata_follow_the_acls(b: InProcessBroker) -> None:
     assert r.topics[0].topic_authorized_operations == 1 << Op.DESCRIBE
 
 
+def test_create_is_asked_only_for_a_topic_that_would_be_created(b: InProcessBroker) -> None:
+    """Kafka checks CREATE only when it would create the topic: a produce or a metadata request about
+    an existing topic costs no CREATE decision (each one walks every ACL binding), and a principal
+    without CREATE leaves no denial behind it."""
+    authorizer = b.broker.authorizer
+    assert authorizer is not None
+    asked: list[tuple[str, Operation, str]] = []
+    decide = authorizer.authorize
+
+    def counting(principal: str, host: str, op: Operation, rtype: ResourceType, name: str) -> bool:
+        asked.append((principal, op, name))
+        return decide(principal, host, op, rtype, name)
+
+    authorizer.authorize = counting  # type: ignore[method-assign]
+    assert _produce(b, "alpha", ALICE, batch(value=b"a")) == 0
+    r = b.call(3, 12, {"topics": [{"name": "alpha", "topic_id": None}], "allow_auto_topic_creation": True,
+                       "include_topic_authorized_operations": False}, principal=ALICE)  # KIP-430 would ask all
+    assert r.topics[0].error_code == 0
+    assert [a for a in asked if a[1] is Op.CREATE] == []
+    # a missing topic with auto-creation on: CREATE is asked (cluster, then topic), and refused
+    b.broker.authorizer.create([acl(R.TOPIC, "delta", ALICE, Op.WRITE)])
+    assert _produce(b, "delta", ALICE, batch(value=b"d")) == ErrorCode.unknown_topic_or_partition
+    assert [(a[1], a[2]) for a in asked if a[1] is Op.CREATE] == [(Op.CREATE, "kafka-cluster"), (Op.CREATE, "delta")]
+    assert "delta" not in b.broker.logs.topics()
+
+
 def test_idempotent_and_transactional_producers_need_their_acls(b: InProcessBroker) -> None:
     def init(who: str, tid: str | None) -> int:
         r = b.call(22, 4, {"transactional_id": tid, "transaction_timeout": 60_000, "producer_id": -1,

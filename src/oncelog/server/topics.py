@@ -9,19 +9,26 @@ from oncelog.protocol.errors import ErrorCode
 from oncelog.storage import errors as storage_errors
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from oncelog.server.broker import Broker
 
 log = logging.getLogger("oncelog.server")
 
 
-def ensure_topic(broker: Broker, name: str, *, auto_create: bool = True) -> tuple[Any, ErrorCode]:
-    """(TopicInfo, NONE) if the topic exists or was auto-created, else (None, error)."""
+def ensure_topic(broker: Broker, name: str, *,
+                 auto_create: bool | Callable[[], bool] = True) -> tuple[Any, ErrorCode]:
+    """(TopicInfo, NONE) if the topic exists or was auto-created, else (None, error).
+
+    ``auto_create`` may be a callable (an authorizer's CREATE check): it is asked only when the topic
+    is missing and auto-creation is on, as Kafka checks CREATE only for a topic it would create, so
+    a produce to an existing topic costs no CREATE decisions."""
     info = broker.logs.topics().get(name)
     if info is not None:
         return info, ErrorCode.none
     if broker.logs.is_being_created(name):
         return None, ErrorCode.leader_not_available  # a CreateTopics is building it: retriable
-    if not (auto_create and broker.config.auto_create_topics_enable):
+    if not broker.config.auto_create_topics_enable or not (auto_create() if callable(auto_create) else auto_create):
         return None, ErrorCode.unknown_topic_or_partition
     try:
         info = broker.logs.create_topic(name, broker.config.num_partitions, {})

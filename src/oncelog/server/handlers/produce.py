@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol import records
@@ -37,7 +38,7 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
     is acknowledged (flush_every_append) adds (partition log, offset) there instead of fsyncing."""
     if not allowed(broker, req, Op.WRITE, R.TOPIC, topic):
         return _error(partition, ErrorCode.topic_authorization_failed)
-    info, err = ensure_topic(broker, topic, auto_create=create_topic_allowed(broker, req, topic))
+    info, err = ensure_topic(broker, topic, auto_create=partial(create_topic_allowed, broker, req, topic))
     if info is None:
         return _error(partition, err)
     if info.is_internal:
