@@ -135,7 +135,14 @@ def _figure(width_px: int, height_px: int, *, left: int = 80, right: int = 20, t
 
 
 def _style(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
-    ax.set_title(title, fontsize=12, loc="left", fontweight="bold")
+    text = ax.set_title(title, fontsize=12, loc="left", fontweight="bold")
+    # The title starts at the axes' left edge; one too long for the figure would be cut off at its
+    # right edge, so it is set smaller until it fits (down to 7 points; the margins are fixed).
+    renderer = ax.figure.canvas.get_renderer()
+    room = ax.figure.bbox.width - ax.get_position().x0 * ax.figure.bbox.width - 6
+    width = text.get_window_extent(renderer).width
+    if width > room:
+        text.set_fontsize(max(7.0, 12 * room / width))
     ax.set_xlabel(xlabel, fontsize=10)
     ax.set_ylabel(ylabel, fontsize=10)
     ax.grid(True, color=GRID, linewidth=0.7)

@@ -41,3 +41,17 @@ def test_a_page_with_an_undecodable_chart_fails(tmp_path: Path) -> None:
         assert_rendered(page, tmp_path, min_charts=2)
     decoded = [natural_width > 0 for _complete, natural_width, *_ in render(page, tmp_path).images]
     assert decoded == [True, False]  # what Chromium made of each <img>
+
+
+def test_a_long_title_is_not_cut_at_the_right_edge() -> None:
+    """A title longer than the figure is set smaller: the title band's last columns stay background,
+    as a person would see a whole title (before, "... records round robin" lost its end)."""
+    from PIL import Image
+
+    title = "p99 acknowledgement latency at scale, records round robin, much longer than fits (ms, log scale)"
+    chart = charts.bar_chart(title, ["a", "b"], {"x": [1.0, 2.0]}, ylabel="ms")
+    image = Image.open(io.BytesIO(chart.png)).convert("L")
+    band = [image.getpixel((x, y)) for x in range(image.width - 6, image.width) for y in range(0, 30)]
+    assert min(band) > 200, "the title runs into the right edge"
+    whole = [image.getpixel((x, y)) for x in range(80, image.width - 6) for y in range(0, 30)]
+    assert min(whole) < 100  # and there is a title
