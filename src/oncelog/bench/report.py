@@ -304,10 +304,10 @@ def _target_charts(name: str, curve: dict[str, Any], names: list[str], fraction:
            for b in names}
     p99 = {b: [(p["brokers"].get(b, {}).get("latency") or {}).get("p99") for p in curve["points"]] for b in names}
     return [(f"curve-{slug}-throughput", charts.bar_chart(
-                f"Throughput: 3 partitions x 1 producer against 1,000 x 100, {how}", cats, thr,
+                f"Throughput at scale, {how}", cats, thr,
                 ylabel="MB/s (acknowledged)", colors=BROKER_COLORS, fmt="{:.1f}")),
             (f"curve-{slug}-p99", charts.bar_chart(
-                f"p99 acknowledgement latency at scale, {how} (ms, log scale)", cats, p99, ylabel="ms", logy=True,
+                f"p99 at scale, {how} (ms, log scale)", cats, p99, ylabel="ms", logy=True,
                 colors=BROKER_COLORS,
                 note=f"at {fraction * 100:g}% of the lower of the two brokers' peaks at each point, linger.ms=0"))]
 
