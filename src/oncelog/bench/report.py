@@ -105,7 +105,7 @@ def ratios(doc: dict[str, Any]) -> list[dict[str, Any]]:
         if not name.startswith("scale target") or len(target["points"]) != 2:
             continue
         lo, hi = target["points"]
-        how = SCALE_SPREAD.get(target.get("partitioner", "round_robin"), target.get("partitioner"))
+        how = spread_of(target)
         kept = {b: ratio(hi["brokers"].get(b, {}).get("throughput", {}).get("records_per_s"),
                          lo["brokers"].get(b, {}).get("throughput", {}).get("records_per_s")) for b in names}
         out.append({"ratio": f"1,000 partitions x 100 producers / 3 partitions x 1 producer, {how}", "values": kept,
@@ -121,6 +121,13 @@ def ratios(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 # how the producers of a scale-target curve spread records (runner.SCALE_TARGETS)
 SCALE_SPREAD = {"round_robin": "records round robin", "client": "keyless records"}
+
+
+def spread_of(curve: dict[str, Any]) -> str:
+    """A scale-target curve's spread of records, in words (bench.json before the keyless target
+    had only the round-robin one, with no partitioner named)."""
+    partitioner = curve.get("partitioner", "round_robin")
+    return SCALE_SPREAD.get(partitioner, partitioner)
 
 
 def per_broker_core(entry: dict[str, Any]) -> float | None:
@@ -202,7 +209,7 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
         console.print(rt)
 
     for name, curve in doc.get("curves", {}).items():
-        how = f" ({SCALE_SPREAD.get(curve.get('partitioner', ''), '')})" if name.startswith("scale target") else ""
+        how = f" ({spread_of(curve)})" if name.startswith("scale target") else ""
         c = Table(title=f"{name}{how}: throughput (MB/s) and p99 ack latency at "
                         f"{plan['curve_fraction'] * 100:g}% of the peak (ms)")
         c.add_column(curve["xlabel"])
@@ -297,7 +304,7 @@ def _target_charts(name: str, curve: dict[str, Any], names: list[str], fraction:
                    ) -> list[tuple[str, Chart]]:
     """Two points that are not a scale: bars, not a line."""
     slug = name.replace(",", "").replace(" ", "-")
-    how = SCALE_SPREAD.get(curve.get("partitioner", "round_robin"), "")
+    how = spread_of(curve)
     cats = [f"{p['partitions']:,} partitions\n{p['producers']} producer{'s' if p['producers'] != 1 else ''}"
             for p in curve["points"]]
     thr = {b: [p["brokers"].get(b, {}).get("throughput", {}).get("mb_per_s") for p in curve["points"]]
