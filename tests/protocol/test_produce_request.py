@@ -68,7 +68,7 @@ def _verdicts(version: int, frame: bytes) -> str:
     except MalformedRequestError:
         theirs = None
     try:
-        _, our_client_id, ours = decode_produce(frame, version)
+        our_client_id, ours = decode_produce(frame, version)
     except ValueError:
         ours = None
     assert (ours is None) == (theirs is None), (frame, ours, theirs)
@@ -137,11 +137,11 @@ def test_tagged_fields_and_long_varints_are_read_as_kio_reads_them(version: int)
             decode_produce(tagged, version)
     empty_long = frame[:-1] + b"\x80\x00"  # an empty section, its count in two bytes
     _verdicts(version, empty_long)
-    assert decode_produce(empty_long, version)[2].topic_data[0].partition_data[0].records == b"abc"
+    assert decode_produce(empty_long, version)[1].topic_data[0].partition_data[0].records == b"abc"
     at = cid_end + 1  # "t" as a compact string whose length (2) is written in two bytes
     long_len = frame[:at] + b"\x82\x00" + frame[at + 1:]
     _verdicts(version, long_len)
-    assert decode_produce(long_len, version)[2].transactional_id == "t"
+    assert decode_produce(long_len, version)[1].transactional_id == "t"
     for bad in (b"\x80\x80\x80\x80\x80\x01", b"\xff\xff\xff\xff\x1f"):
         _verdicts(version, frame[:at] + bad + frame[at + 1:])
         with pytest.raises(ValueError):

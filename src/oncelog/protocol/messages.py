@@ -97,7 +97,7 @@ def decode_request(frame: bytes, supported: Mapping[int, tuple[int, int]] = SUPP
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
     if api_key == API_PRODUCE and PRODUCE_MIN <= api_version <= PRODUCE_MAX:
         try:
-            _, client_id, produce = decode_produce(frame, api_version)
+            client_id, produce = decode_produce(frame, api_version)
         except Exception as exc:
             raise MalformedRequestError(f"cannot parse Produce v{api_version}: {exc}") from exc
         return Request(api_key, api_version, correlation_id, client_id, produce, session)

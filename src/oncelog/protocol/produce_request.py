@@ -70,7 +70,7 @@ def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
     raise ValueError("varint longer than 5 bytes")
 
 
-def _skip_tagged(buf: bytes, pos: int) -> int:
+def _empty_tagged(buf: bytes, pos: int) -> int:
     """Past an empty tagged-field section. Produce v9 and request header v2 define no tagged field,
     and kio refuses a tag it does not know, so any tag is refused here too (Kafka's readers would
     keep it as unknown; no client sends one)."""
@@ -110,19 +110,20 @@ def _string(buf: bytes, pos: int, flexible: bool, nullable: bool) -> tuple[str |
     return buf[pos:pos + n].decode(), pos + n
 
 
-def decode_produce(frame: bytes, api_version: int) -> tuple[int, str | None, ProduceRequest]:
-    """(correlation_id, client_id, body) of a Produce request frame (without its size prefix);
+def decode_produce(frame: bytes, api_version: int) -> tuple[str | None, ProduceRequest]:
+    """(client_id, body) of a Produce request frame (without its size prefix; the caller has read
+    the api key, version and correlation id with ``messages.peek_header``);
     ``ValueError`` for a frame the generic path would refuse.
 
     One-byte varints and empty tagged-field sections, what every client sends, are read inline;
-    anything else goes through ``_uvarint`` and ``_skip_tagged``."""
+    anything else goes through ``_uvarint`` and ``_empty_tagged``."""
     if not MIN_VERSION <= api_version <= MAX_VERSION:
         raise ValueError(f"Produce v{api_version} requests are not decoded here")
     flexible = api_version >= FLEXIBLE_FROM
     size = len(frame)
     if size < _HEADER.size:
         raise ValueError("frame shorter than a request header")
-    _key, _version, correlation_id, n = _HEADER.unpack_from(frame, 0)
+    (n,) = _I16.unpack_from(frame, 8)  # the client id's length, after what peek_header read
     pos = _HEADER.size
     client_id: str | None = None
     if n < -1:
@@ -133,7 +134,7 @@ def decode_produce(frame: bytes, api_version: int) -> tuple[int, str | None, Pro
         client_id = frame[pos:pos + n].decode()
         pos += n
     if flexible:
-        pos = pos + 1 if pos < size and frame[pos] == 0 else _skip_tagged(frame, pos)  # request header v2
+        pos = pos + 1 if pos < size and frame[pos] == 0 else _empty_tagged(frame, pos)  # request header v2
     transactional_id, pos = _string(frame, pos, flexible, True)
     if pos + 6 > size:
         raise ValueError("acks and timeout run past the end of the frame")
@@ -180,11 +181,11 @@ def decode_produce(frame: bytes, api_version: int) -> tuple[int, str | None, Pro
                 records = frame[pos:pos + n]
                 pos += n
             if flexible:
-                pos = pos + 1 if pos < size and frame[pos] == 0 else _skip_tagged(frame, pos)
+                pos = pos + 1 if pos < size and frame[pos] == 0 else _empty_tagged(frame, pos)
             parts.append(PartitionProduceData(index, records))
         if flexible:
-            pos = pos + 1 if pos < size and frame[pos] == 0 else _skip_tagged(frame, pos)
+            pos = pos + 1 if pos < size and frame[pos] == 0 else _empty_tagged(frame, pos)
         topics.append(TopicProduceData(name, tuple(parts)))  # type: ignore[arg-type]
     if flexible:
-        pos = pos + 1 if pos < size and frame[pos] == 0 else _skip_tagged(frame, pos)
-    return correlation_id, client_id, ProduceRequest(transactional_id, acks, timeout_ms, tuple(topics))
+        pos = pos + 1 if pos < size and frame[pos] == 0 else _empty_tagged(frame, pos)
+    return client_id, ProduceRequest(transactional_id, acks, timeout_ms, tuple(topics))
