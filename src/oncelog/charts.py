@@ -139,7 +139,7 @@ def _style(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
     # The title starts at the axes' left edge; one too long for the figure would be cut off at its
     # right edge, so it is set smaller until it fits (down to 7 points; the margins are fixed).
     renderer = ax.figure.canvas.get_renderer()
-    room = ax.figure.bbox.width - ax.get_position().x0 * ax.figure.bbox.width - 6
+    room = ax.figure.bbox.width * (1 - ax.get_position().x0) - 6
     width = text.get_window_extent(renderer).width
     if width > room:
         text.set_fontsize(max(7.0, 12 * room / width))
