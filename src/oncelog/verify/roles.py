@@ -523,7 +523,13 @@ def reader_loop(spec: RunSpec, role: RoleSpec, ctl: Controls, rec: Recorder) -> 
         c.subscribe([spec.topic], on_assign=on_assign)
     else:
         c.assign([TopicPartition(spec.topic, p, 0) for p in range(spec.partitions)])
-    while not ctl.stop_all.is_set():
+    catch_up_until = 0.0
+    while True:
+        if ctl.stop_all.is_set():
+            now = time.monotonic()
+            catch_up_until = catch_up_until or now + READER_CATCH_UP_S
+            if now > catch_up_until or _caught_up(c, spec.topic):
+                break
         try:
             msgs = c.consume(100, 0.2)
         except KafkaException:
@@ -535,6 +541,28 @@ def reader_loop(spec: RunSpec, role: RoleSpec, ctl: Controls, rec: Recorder) -> 
             rec.count(1)
     with contextlib.suppress(Exception):
         c.close()
+
+
+READER_CATCH_UP_S = 45.0
+"""After the workload stops, a reader reads on until it has reached the end of its partitions (a reader
+that joined its group late, under faults, would otherwise stop having checked nothing), for at most
+this long."""
+
+
+def _caught_up(c: Consumer, topic: str) -> bool:
+    """True when ``c`` has partitions and its position on each is at least the partition's end as its
+    isolation level sees it (the last stable offset at read_committed): nothing is left to read."""
+    try:
+        assigned = [tp for tp in c.assignment() if tp.topic == topic]
+        if not assigned:
+            return False
+        for tp in c.position(assigned):
+            _low, end = c.get_watermark_offsets(tp, timeout=5, cached=False)
+            if tp.offset < 0 or tp.offset < end:
+                return False
+    except KafkaException:
+        return False
+    return True
 
 
 LOOPS: dict[str, Callable[[RunSpec, RoleSpec, Controls, Recorder], None]] = {

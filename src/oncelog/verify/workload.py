@@ -8,7 +8,8 @@ schedule and, at the end, the drain and the final read. Phases:
 2. faults stop, the producers finish their current transaction and stop;
 3. drain: the copiers run until their group's committed offsets have passed every record
    (a read_committed read from the committed offsets to the end finds nothing), or ``drain_s``;
-4. copiers and readers stop; a final reader reads every partition to its end (the LSO);
+4. copiers stop; readers read on to the end of their partitions (``READER_CATCH_UP_S`` at most) and
+   stop; a final reader reads every partition to its end (the LSO);
 5. the roles' files are merged into one ``History``.
 
 Faults (chosen from ``faults``): ``drop`` (the proxy drops responses to Produce/EndTxn/
