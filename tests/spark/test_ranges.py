@@ -93,7 +93,7 @@ class _SlowConsumer:
         self.clock[0] += 0.4
         if self.stall_at is not None and self.next >= self.stall_at:
             return []
-        m = _Msg(self.next)
+        m = _msg(self.next)
         self.next += 1
         return [m]
 
@@ -103,15 +103,10 @@ class _SlowConsumer:
         return [types.SimpleNamespace(offset=self.next)]
 
 
-class _Msg:
-    def __init__(self, offset: int) -> None:
-        self._offset = offset
+def _msg(offset: int) -> object:
+    from confluent_kafka import Message
 
-    def error(self) -> None:
-        return None
-
-    def offset(self) -> int:
-        return self._offset
+    return Message(topic="t", partition=0, offset=offset, value=b"x")
 
 
 def test_a_long_range_that_keeps_moving_does_not_time_out() -> None:
@@ -129,3 +124,54 @@ def test_a_range_that_stops_moving_times_out() -> None:
                                clock=lambda: clock[0]):
             pass
     assert clock[0] < 5
+
+
+class _ScriptedConsumer:
+    """Hands out prepared ``consume`` answers in order (real confluent-kafka Message objects)."""
+
+    def __init__(self, answers: list[list[object]]) -> None:
+        self.answers = answers
+
+    def assign(self, parts: object) -> None:
+        pass
+
+    def consume(self, num_messages: int, timeout: float) -> list[object]:
+        return self.answers.pop(0) if self.answers else []
+
+    def position(self, parts: list[object]) -> list[object]:
+        import types
+
+        return [types.SimpleNamespace(offset=-1001)]
+
+
+def _msgs(*offsets: int) -> list[object]:
+    return [_msg(o) for o in offsets]
+
+
+def _eof(offset: int) -> object:
+    from confluent_kafka import KafkaError, Message
+
+    return Message(topic="t", partition=0, offset=offset, error=KafkaError(KafkaError._PARTITION_EOF))
+
+
+def test_records_outside_the_range_are_dropped_and_the_position_follows_the_highest() -> None:
+    """Whole answers inside the range are kept as they are; an answer reaching below ``start`` or to
+    ``end`` and beyond keeps only the range's records, on both the records-only and the EOF paths."""
+    answers = [_msgs(3, 4, 5, 6), _msgs(7), _msgs(8, 9, 10, 11), [_eof(12)]]
+    got = [[m.offset() for m in msgs] for msgs in consume_range(_ScriptedConsumer(answers), "t", 0, 5, 10,
+                                                                timeout_s=5, max_messages=100)]
+    assert got == [[5, 6], [7], [8, 9]]
+    answers = [[*_msgs(3, 4), _eof(5)], [*_msgs(5, 6), _eof(7)]]
+    got = [[m.offset() for m in msgs] for msgs in consume_range(_ScriptedConsumer(answers), "t", 0, 4, 7,
+                                                                timeout_s=5, max_messages=100)]
+    assert got == [[4], [5, 6]]
+
+
+def test_an_error_beside_records_is_raised() -> None:
+    from confluent_kafka import KafkaError, Message
+
+    bad = Message(topic="t", partition=0, offset=2, error=KafkaError(KafkaError._MSG_TIMED_OUT))
+    with pytest.raises(RuntimeError, match="reading t-0"):
+        for _ in consume_range(_ScriptedConsumer([[*_msgs(0, 1), bad]]), "t", 0, 0, 5, timeout_s=5,
+                               max_messages=100):
+            pass

@@ -27,8 +27,9 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
     below ``end`` for ``timeout_s`` (a broker that lost data, or an open transaction holding the
     LSO below a planned end), RuntimeError on a consumer error.
     """
-    from confluent_kafka import KafkaError, TopicPartition
+    from confluent_kafka import KafkaError, Message, TopicPartition
 
+    error_of, offset_of = Message.error, Message.offset  # unbound: map() calls them without a Python frame
     what = what or f"{topic}-{partition} [{start}, {end})"
     consumer.assign([TopicPartition(topic, partition, start)])
     position = start
@@ -39,18 +40,27 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
         before = position
         # Ask for no more than the range holds, so the call returns as soon as the range is complete.
         msgs = consumer.consume(num_messages=max(1, min(max_messages, end - position)), timeout=poll_timeout_s)
-        out = []
-        for m in msgs:
-            err = m.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    position = max(position, m.offset() or 0)
-                    continue
-                raise RuntimeError(f"reading {what}: {err}")
-            off = int(m.offset() or 0)
-            position = max(position, off + 1)
-            if start <= off < end:
-                out.append(m)
+        if msgs and not any(map(error_of, msgs)):
+            # The common case, checked per call rather than per message: records only, every one inside
+            # the range (the list is kept whole) or some outside it (kept by offset).
+            offsets = list(map(offset_of, msgs))
+            low, high = min(offsets), max(offsets)
+            position = max(position, high + 1)
+            out = msgs if start <= low and high < end else [m for m, o in zip(msgs, offsets, strict=True)
+                                                            if start <= o < end]
+        else:
+            out = []
+            for m in msgs:
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        position = max(position, m.offset() or 0)
+                        continue
+                    raise RuntimeError(f"reading {what}: {err}")
+                off = int(m.offset() or 0)
+                position = max(position, off + 1)
+                if start <= off < end:
+                    out.append(m)
         if out:
             yield out
         if not msgs:
