@@ -20,6 +20,7 @@ from typing import Any
 
 from oncelog.clock import Clock, SystemClock
 from oncelog.protocol.errors import ErrorCode
+from oncelog.protocol.messages import EncodedResponse
 from oncelog.protocol.versions import SUPPORTED_VERSIONS
 from oncelog.security.acl import Authorizer
 from oncelog.security.listener import ListenerSecurity
@@ -95,6 +96,7 @@ class Broker:
         self.clock: Clock = clock or SystemClock()
         self.handlers = HANDLERS
         self.supported_versions = {k: v for k, v in SUPPORTED_VERSIONS.items() if k in HANDLERS}
+        self.api_versions_answers: dict[int, EncodedResponse] = {}  # version -> frame (handle_api_versions)
         self.connections: set[Any] = set()
         self.queued_request_bytes = 0  # request bytes read and not yet handled, all connections
         # One thread for the log directory's background flushes: fsync off the event loop.

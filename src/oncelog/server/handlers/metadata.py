@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import EncodedResponse, Request, build_response, encode_response
-from oncelog.protocol.versions import API_METADATA
+from oncelog.protocol.versions import API_API_VERSIONS, API_METADATA
 from oncelog.security.acl import CLUSTER_NAME
 from oncelog.server.authz import Op, R, allowed, authorized_operations, create_topic_allowed, principal_and_host
 from oncelog.server.topics import ensure_topic, topic_error
@@ -24,8 +24,17 @@ if TYPE_CHECKING:
     from oncelog.server.broker import Broker
 
 
-def handle_api_versions(broker: Broker, req: Request) -> dict[str, Any]:
-    return {"error_code": ErrorCode.none, "api_keys": broker.api_version_entries(), "throttle_time": 0}
+def handle_api_versions(broker: Broker, req: Request) -> EncodedResponse:
+    """The answer depends only on the request's version and the broker's supported versions (fixed
+    at start), so each version's frame is encoded once: kio's generic writer took 0.5 ms of broker
+    CPU for the 60-odd entries, and every client connection asks first."""
+    cached = broker.api_versions_answers.get(req.api_version)
+    if cached is None:
+        body = build_response(API_API_VERSIONS, req.api_version, {
+            "error_code": ErrorCode.none, "api_keys": broker.api_version_entries(), "throttle_time": 0})
+        cached = EncodedResponse(encode_response(API_API_VERSIONS, req.api_version, 0, body))
+        broker.api_versions_answers[req.api_version] = cached
+    return cached
 
 
 def _broker_entry(broker: Broker) -> dict[str, Any]:
