@@ -398,7 +398,8 @@ class _Cpu:
 
 def measure(bootstrap: str, records: int, size: int, max_offsets: int, guarantees: list[str],
             master: str | None = None, rounds: int = 1, copier: bool = True, latency_rate: int = 10_000,
-            latency_seconds: float = 0.0, broker_pid: int | None = None) -> dict[str, Any]:
+            latency_seconds: float = 0.0, broker_pid: int | None = None,
+            spark_conf: dict[str, str] | None = None) -> dict[str, Any]:
     from oncelog.spark import local_session
 
     work = Path(tempfile.mkdtemp(prefix="oncelog-pipeline-bench-"))
@@ -406,7 +407,7 @@ def measure(bootstrap: str, records: int, size: int, max_offsets: int, guarantee
     create_topic(bootstrap, "bench-warm", 2)
     fill(bootstrap, "bench-in", records, size)
     fill(bootstrap, "bench-warm", 1000, size)
-    spark = local_session("oncelog-pipeline-bench", master=master)
+    spark = local_session("oncelog-pipeline-bench", master=master, extra=spark_conf)
     spark.dataSource.register(BenchDataSource)
     cpu = _Cpu(broker_pid)
     per_round: list[dict[str, Any]] = []
@@ -478,11 +479,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-rate", type=int, default=10_000, help="records/s for the latency phase")
     p.add_argument("--latency-seconds", type=float, default=15.0, help="latency phase per guarantee (0: none)")
     p.add_argument("--sink-option", action="append", default=[], metavar="K=V", help="extra sink option")
+    p.add_argument("--spark-conf", action="append", default=[], metavar="K=V", help="extra Spark setting")
     args = p.parse_args(argv)
     SINK_OPTIONS.update(kv.split("=", 1) for kv in args.sink_option)
     guarantees = [g for g in args.guarantees.split(",") if g]
     kw = {"master": args.master or None, "rounds": max(1, args.rounds), "copier": not args.no_copier,
-          "latency_rate": args.latency_rate, "latency_seconds": args.latency_seconds}
+          "latency_rate": args.latency_rate, "latency_seconds": args.latency_seconds,
+          "spark_conf": dict(kv.split("=", 1) for kv in args.spark_conf)}
     if args.bootstrap:
         print(json.dumps(measure(args.bootstrap, args.records, args.size, args.max_offsets, guarantees, **kw)))
         return 0

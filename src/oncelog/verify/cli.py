@@ -66,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                         "by a free port (enables broker-kill and broker-pause faults)")
     p.add_argument("--duration", type=_positive(float), default=60.0,
                    help="seconds of workload before the drain and the final read (default 60)")
+    p.add_argument("--drain-timeout", type=_positive(float), default=90.0,
+                   help="seconds the copiers get to catch up after the producers stop; the drain also ends "
+                        "when their committed offsets stay still for min(this, 30) s (default 90)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--faults", default="drop,reset,delay,zombie,crash",
                    help=f"comma-separated, from {','.join(ALL_FAULTS)}; 'none' for no faults")
@@ -211,6 +214,7 @@ def _record_history(args: argparse.Namespace, faults: set[str]) -> History:
             workload = Workload(client_bootstrap, duration_s=args.duration, seed=args.seed, faults=faults,
                                 txn=args.txn, proxy=proxy, broker=control, producers=args.producers,
                                 copiers=args.copiers, consumers=args.consumers, processes=args.processes,
+                                drain_s=args.drain_timeout,
                                 display_bootstrap=shown, progress=lambda s: status.update(escape(f"verify: {s}")))
             return workload.run()
     finally:
