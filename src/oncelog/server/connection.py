@@ -2,7 +2,11 @@
 
 Kafka processes a connection's requests strictly in order (the socket is muted while a request is
 in flight) and clients rely on responses arriving in request order. ``KafkaConnection`` keeps that
-invariant with a single processing task per connection draining a queue of frames.
+invariant with one queue of frames per connection and at most one place draining it: requests whose
+handling completes without waiting (most of them) are handled right in ``data_received``; at the first
+that must wait (an fsync, a delayed fetch, a full send buffer, a throttle) a single task takes over
+the queue from that request on, and ``data_received`` only queues frames until that task has
+finished. Handling inline saves each request a task and a pass of the event loop.
 
 Memory a connection can hold, whatever the client does (the bound ``make test`` checks): one
 partial frame (at most ``socket_request_max_bytes``), the queued requests (reading pauses at
@@ -63,6 +67,27 @@ log = logging.getLogger("oncelog.server")
 CLOSE_LINGER_S = 0.2  # between a connection's last answer and its close (see _close_after_linger)
 WRITE_BATCH_BYTES = 256 * 1024  # responses of one pass over the queue are written together up to this
 
+
+class _Pending:
+    """A request whose handler must wait: its awaitable (a coroutine or a future), and the request to
+    encode the result for (None for a bare SASL token, whose awaitable returns the answer frame)."""
+
+    __slots__ = ("awaitable", "request")
+
+    def __init__(self, request: Any, awaitable: Any) -> None:
+        self.request = request
+        self.awaitable = awaitable
+
+    def discard(self) -> None:
+        """Never to be awaited (the connection is gone before its task ran): close or cancel it, so
+        that no coroutine is left unawaited and no future's exception unretrieved."""
+        aw = self.awaitable
+        if inspect.iscoroutine(aw):
+            aw.close()
+        elif isinstance(aw, asyncio.Future):
+            aw.cancel()
+
+
 class KafkaConnection(asyncio.Protocol):
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -87,6 +112,7 @@ class KafkaConnection(asyncio.Protocol):
         self.close_after_response = False  # set by a handler: this response is the last one
         self._pending: list[Any] = []  # responses not yet handed to the transport (see _drain)
         self._pending_bytes = 0
+        self._handoff: _Pending | None = None  # started by _drain_now, not yet taken up by its task
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -112,6 +138,9 @@ class KafkaConnection(asyncio.Protocol):
         self.writable.set()
         if self.task is not None and not self.task.done():
             self.task.cancel()
+        if self._handoff is not None:  # its task never ran: nothing will await it
+            self._handoff.discard()
+            self._handoff = None
 
     def pause_writing(self) -> None:
         """The client is not reading its responses: handle nothing more until it does."""
@@ -147,7 +176,7 @@ class KafkaConnection(asyncio.Protocol):
         self.broker.queued_request_bytes += n
         self._update_reading()
         if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self._drain())
+            self._drain_now()
 
     def _update_reading(self) -> None:
         """Read while the queue is short, the broker has room and the client takes its responses."""
@@ -176,59 +205,116 @@ class KafkaConnection(asyncio.Protocol):
         asyncio.get_running_loop().call_later(CLOSE_LINGER_S, self.close)
 
     # --- request processing -------------------------------------------------------------------
-    async def _drain(self) -> None:
-        """Handle the queued frames in order. Responses are written once per pass over the queue
-        (one writev for the requests that arrived together, not a send per response); whatever is
-        pending goes out before anything that can wait (a handler's fsync, a full send buffer, a
-        throttle) and before the connection closes, so batching never delays an answer behind a wait."""
-        while self.frames and not self.closed:
-            if not self.writable.is_set():
-                self._send_pending()
-                await self.writable.wait()
-                if self.closed:
-                    return
-            frame = self.frames.popleft()
-            self.queued_bytes -= len(frame)
-            self.broker.queued_request_bytes -= len(frame)
-            self._update_reading()
+    def _next_frame(self) -> bytes:
+        frame = self.frames.popleft()
+        self.queued_bytes -= len(frame)
+        self.broker.queued_request_bytes -= len(frame)
+        self._update_reading()
+        return frame
+
+    def _drain_now(self) -> None:
+        """Handle the queued frames here, without a task, while each one's handling completes at once.
+        The first that must wait (a handler's awaitable, a throttle, a full send buffer) is handed with
+        the rest of the queue to one task (``_drain``), so answers stay in request order."""
+        while self.frames and not self.closed and self.writable.is_set():
+            frame = self._next_frame()
             try:
-                out = await self._handle_frame(frame)
-            except asyncio.CancelledError:
-                raise
-            except StorageOfflineError as exc:
-                log.error("closing the connection from %s: %s", self.peer, exc)
-                self.broker.storage_failed(exc)
-                self.close()
+                out = self._start_frame(frame)
+            except Exception as exc:
+                self._failed(frame, exc)
                 return
-            except Exception:
-                try:
-                    key, version, _ = peek_header(frame)
-                    api = f"{api_name(key)} v{version}"
-                except Exception:
-                    api = "an unparsable request"
-                log.exception("internal error handling %s from %s; closing the connection", api, self.peer)
-                self.close()
+            if type(out) is _Pending:  # must wait for it
+                self._handoff = out
+                self.task = asyncio.get_running_loop().create_task(self._drain(out, frame))
                 return
-            if out is not None and self.transport is not None and not self.closed:
-                if isinstance(out, list):  # a Fetch response with its record sets unjoined
-                    self._pending.extend(out)
-                    self._pending_bytes += sum(len(b) for b in out)
-                else:
-                    self._pending.append(out)
-                    self._pending_bytes += len(out)
-                self.last_active = time.monotonic()
-            if self.close_after_response:
-                self._send_pending()
-                self._close_after_linger()
+            if not self._answered(out):
                 return
             if self.throttle_ms > 0:
-                # KIP-219: the response went out with its throttle time; mute until it has passed.
+                self.task = asyncio.get_running_loop().create_task(self._drain())
+                return
+            if self._pending_bytes >= WRITE_BATCH_BYTES:
                 self._send_pending()
-                delay, self.throttle_ms = self.throttle_ms, 0
-                await asyncio.sleep(delay / 1000)
+        if self.frames and not self.closed:
+            self.task = asyncio.get_running_loop().create_task(self._drain())  # waits for the client to read
+            return
+        self._send_pending()
+
+    async def _drain(self, first: Any = None, first_frame: bytes = b"") -> None:
+        """Handle the queued frames in order, waiting where a request must (``first``: the awaitable
+        rest of the request ``first_frame`` that ``_drain_now`` started). Responses are written once
+        per pass over the queue (one writev for the requests that arrived together, not a send per
+        response); whatever is pending goes out before anything that can wait (a handler's fsync, a
+        full send buffer, a throttle) and before the connection closes, so batching never delays an
+        answer behind a wait."""
+        frame = first_frame
+        self._handoff = None  # taken up: cancelling this task now cancels its wait
+        while True:
+            if first is None:
+                if self.throttle_ms > 0:
+                    # KIP-219: the response went out with its throttle time; mute until it has passed
+                    # (frames arriving meanwhile are queued: this task is not done).
+                    self._send_pending()
+                    delay, self.throttle_ms = self.throttle_ms, 0
+                    await asyncio.sleep(delay / 1000)
+                if not self.frames or self.closed:
+                    break
+                if not self.writable.is_set():
+                    self._send_pending()
+                    await self.writable.wait()
+                    continue
+            try:
+                if first is not None:
+                    out, first = first, None
+                else:
+                    frame = self._next_frame()
+                    out = self._start_frame(frame)
+                if type(out) is _Pending:
+                    out = self._encode(out.request, await out.awaitable)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._failed(frame, exc)
+                return
+            if not self._answered(out):
+                return
             if not self.frames or self._pending_bytes >= WRITE_BATCH_BYTES:
                 self._send_pending()
         self._send_pending()
+
+    def _answered(self, out: bytes | list[Any] | None) -> bool:
+        """Queue a request's answer for writing; False when the connection is done (its last answer
+        is out: a refused login closes after a linger)."""
+        if out is not None and self.transport is not None and not self.closed:
+            if type(out) is list:  # a Fetch response with its record sets unjoined
+                self._pending.extend(out)
+                self._pending_bytes += sum(len(b) for b in out)
+            else:
+                self._pending.append(out)
+                self._pending_bytes += len(out)
+            self.last_active = time.monotonic()
+        if self.close_after_response:
+            self._send_pending()
+            self._close_after_linger()
+            return False
+        if self.throttle_ms > 0:
+            self._send_pending()  # the throttled answer goes out before the mute
+        return not self.closed
+
+    def _failed(self, frame: bytes, exc: Exception) -> None:
+        """A request's handling raised: the storage is offline (the broker stops serving it) or a
+        handler has a bug; either way this connection closes, and only this one."""
+        if isinstance(exc, StorageOfflineError):
+            log.error("closing the connection from %s: %s", self.peer, exc)
+            self.broker.storage_failed(exc)
+            self.close()
+            return
+        try:
+            key, version, _ = peek_header(frame)
+            api = f"{api_name(key)} v{version}"
+        except Exception:
+            api = "an unparsable request"
+        log.error("internal error handling %s from %s; closing the connection", api, self.peer, exc_info=exc)
+        self.close()
 
     def _send_pending(self) -> None:
         if self._pending:
@@ -237,12 +323,15 @@ class KafkaConnection(asyncio.Protocol):
             self._pending = []
             self._pending_bytes = 0
 
-    async def _handle_frame(self, frame: bytes) -> bytes | list[Any] | None:
+    def _start_frame(self, frame: bytes) -> Any:
+        """Everything of handling ``frame`` that runs without waiting: the answer (a frame, a Fetch
+        answer's buffers, or None for no answer), or, when the handler must wait, a ``_Pending`` whose
+        awaitable finishes the handling. Pending answers go out before such a wait."""
         broker = self.broker
         auth = self.authenticator
         if auth is not None and auth.expects_raw_token:  # after SaslHandshake v0: a bare token, no header
             self._send_pending()
-            return await handle_raw_token(broker, self, auth, frame)
+            return _Pending(None, handle_raw_token(broker, self, auth, frame))
         if auth is not None and not auth.complete and not self._may_handle_before_authentication(frame, auth):
             self.close()
             return None
@@ -254,13 +343,18 @@ class KafkaConnection(asyncio.Protocol):
             log.warning("closing connection from %s: %s", self.peer, exc)
             self.close()
             return None
-        handler = broker.handlers[request.api_key]
-        result: Any = handler(broker, request)
+        result: Any = broker.handlers[request.api_key](broker, request)
         if type(result) is not dict and inspect.isawaitable(result):  # most answers are dicts: skip the ABC check
             self._send_pending()  # earlier answers do not wait for this one's fsync
-            result = await result
+            return _Pending(request, result)
+        return self._encode(request, result)
+
+    def _encode(self, request: Any, result: Any) -> bytes | list[Any] | None:
         if result is None:  # acks=0 produce: no response at all
             return None
+        if request is None:  # a bare SASL token's answer is already a frame
+            return result
+        auth = self.authenticator
         if auth is not None and request.api_key == API_API_VERSIONS:
             auth.api_versions_answered()  # Kafka: after ApiVersions, SaslHandshake must follow
         return encode_result(request.api_key, request.api_version, request.correlation_id, result)
