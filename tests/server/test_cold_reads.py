@@ -16,11 +16,10 @@ from typing import Any
 import pytest
 
 from oncelog.protocol import records as rb
-from oncelog.server.handlers import fetch as fetch_handler
 from oncelog.storage import log_segment
 from oncelog.storage.errors import ReadWouldBlock
 from tests.inproc import InProcessBroker
-from tests.server.test_delayed_fetch import fetch_request
+from tests.server.test_delayed_fetch import fetch_request, fetched
 from tests.storage.helpers import batch
 
 pytestmark = pytest.mark.skipif(not log_segment.nowait_reads, reason="no preadv2/RWF_NOWAIT on this platform")
@@ -59,7 +58,7 @@ def _evict(b: InProcessBroker) -> None:
 
 
 def _fetch(b: InProcessBroker) -> Any:
-    response = b.loop.run_until_complete(fetch_handler.handle_fetch(b.broker, fetch_request(b, False, 0)))
+    response = b.loop.run_until_complete(fetched(b.broker, fetch_request(b, False, 0)))
     return response["responses"][0]["partitions"][0]
 
 

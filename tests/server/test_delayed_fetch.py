@@ -15,6 +15,12 @@ from tests.inproc import API_FETCH, InProcessBroker
 from tests.storage.helpers import batch
 
 
+async def fetched(broker: Any, request: Any) -> Any:
+    """``handle_fetch``'s answer: given at once, or awaited when the fetch had to wait or read cold pages."""
+    result = fetch_handler.handle_fetch(broker, request)
+    return result if isinstance(result, dict) else await result
+
+
 def fetch_request(b: InProcessBroker, read_committed: bool, max_wait_ms: int) -> Any:
     from oncelog.protocol.messages import build, decode_request, encode_request, request_type
 
@@ -49,7 +55,7 @@ def test_open_transaction_appends_wake_but_do_not_reread(tmp_path: Path, monkeyp
         plog.append(batch(2, pid=7, epoch=0, seq=0, txn=True))
 
         async def scenario() -> Any:
-            task = asyncio.ensure_future(fetch_handler.handle_fetch(b.broker, fetch_request(b, read_committed, 2000)))
+            task = asyncio.ensure_future(fetched(b.broker, fetch_request(b, read_committed, 2000)))
             for i in range(5):  # more of the open transaction, each append notified
                 await asyncio.sleep(0.02)
                 if i == 0 and not read_committed:

@@ -12,7 +12,8 @@ answers a diverging epoch when the fetcher's last fetched epoch ended before its
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request, td_ms
@@ -118,29 +119,35 @@ COLD_READ_AHEAD = 256 << 10
 
 
 async def _read_off_loop_if_cold(broker: Broker, body: Any, isolation_level: int, max_bytes: int,
-                                 denied: frozenset[str]) -> tuple[list[dict[str, Any]], int, bool]:
+                                 denied: frozenset[str], cold: ReadWouldBlock | None = None,
+                                 ) -> tuple[list[dict[str, Any]], int, bool]:
     """``read_fetch`` without waiting for the disk on the event loop: a pass that needs pages not
     in memory stops, the broker reads them on its read thread (into the page cache), and the pass
     starts again, from the log's state at that moment (a read in between changes nothing). After
     ``MAX_COLD_READS`` such reads, or if pages just read are still not in memory (a file system that
     cannot tell, e.g. one that answers every such read EAGAIN: then this stops trying for good),
-    the pass reads on the loop as before."""
+    the pass reads on the loop as before. ``cold``: a pass already made found these pages cold."""
     cold_reads = 0
     warmed = (-1, 0, 0)  # fd, start, end of the last range read into the cache
     while True:
-        nowait = log_segment.nowait_reads and cold_reads < MAX_COLD_READS
-        try:
-            return read_fetch(broker, body, isolation_level, max_bytes, denied, nowait=nowait)
-        except ReadWouldBlock as cold:
-            fd, start, end = warmed
-            if cold.fd == fd and start <= cold.position and cold.position + cold.length <= end:
-                log_segment.disable_nowait_reads("pages just read were still reported as not in memory")
-                continue
-            # A batch header (61 bytes) is read before the batches after it: read ahead.
-            length = max(cold.length, COLD_READ_AHEAD)
-            warmed = (cold.fd, cold.position, cold.position + length)
-            cold_reads += 1
-            await broker.read_into_cache(cold.fd, cold.position, length)
+        if cold is None:
+            nowait = log_segment.nowait_reads and cold_reads < MAX_COLD_READS
+            try:
+                return read_fetch(broker, body, isolation_level, max_bytes, denied, nowait=nowait)
+            except ReadWouldBlock as exc:
+                cold = exc
+        fd, start, end = warmed
+        if cold.fd == fd and start <= cold.position and cold.position + cold.length <= end:
+            log_segment.disable_nowait_reads("pages just read were still reported as not in memory")
+            cold = None
+            continue
+        # A batch header (61 bytes) is read before the batches after it: read ahead.
+        length = max(cold.length, COLD_READ_AHEAD)
+        warmed = (cold.fd, cold.position, cold.position + length)
+        cold_reads += 1
+        position = cold.position
+        cold = None
+        await broker.read_into_cache(warmed[0], position, length)
 
 
 def _visible_ends(broker: Broker, partitions: list[tuple[str, int]], isolation_level: int) -> list[Any]:
@@ -154,33 +161,70 @@ def _visible_ends(broker: Broker, partitions: list[tuple[str, int]], isolation_l
     return out
 
 
-async def handle_fetch(broker: Broker, req: Request) -> dict[str, Any]:
+class _Fetch(NamedTuple):
+    body: Any
+    isolation_level: int
+    max_bytes: int
+    min_bytes: int
+    deadline: float
+    partitions: list[tuple[str, int]]
+    denied: frozenset[str]
+
+
+def handle_fetch(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+    """Answered at once when the first read finds every page in memory and is enough (``min_bytes``
+    reached, an error, no wait asked, no partition); otherwise the rest of the fetch (pages read off
+    the loop, the wait for appends) runs as a coroutine that continues from that first read."""
     body = req.body
     isolation_level = getattr(body, "isolation_level", 0)
     # fetch.max.bytes caps what one response may carry, whatever the client asks for (except that
     # the first batch is always returned whole, KIP-74).
     max_bytes = min(getattr(body, "max_bytes", 0x7FFFFFFF), broker.config.fetch_max_bytes)
     max_wait_s = max(td_ms(body.max_wait), 0) / 1000
-    min_bytes = body.min_bytes
-    deadline = time.monotonic() + max_wait_s
-    partitions = [(ft.topic, fp.partition) for ft in body.topics for fp in ft.partitions]
-    denied = frozenset(ft.topic for ft in body.topics if not allowed(broker, req, Op.READ, R.TOPIC, ft.topic))
-    while True:
-        topics_out, total, errored = await _read_off_loop_if_cold(broker, body, isolation_level, max_bytes, denied)
-        remaining_s = deadline - time.monotonic()
-        if total >= min_bytes or errored or remaining_s <= 0 or not partitions:
-            break
-        ends = _visible_ends(broker, partitions, isolation_level)
-        while True:
-            await broker.wait_for_append(partitions, remaining_s)
-            remaining_s = deadline - time.monotonic()
-            # An append that moves nothing this fetch may return (an open transaction's records,
-            # under read_committed) is no reason to read every partition again.
-            if remaining_s <= 0 or _visible_ends(broker, partitions, isolation_level) != ends:
-                break
-        if time.monotonic() >= deadline:
-            topics_out, total, errored = await _read_off_loop_if_cold(broker, body, isolation_level, max_bytes,
-                                                                     denied)
-            break
+    f = _Fetch(body, isolation_level, max_bytes, body.min_bytes, time.monotonic() + max_wait_s,
+               [(ft.topic, fp.partition) for ft in body.topics for fp in ft.partitions],
+               frozenset(ft.topic for ft in body.topics if not allowed(broker, req, Op.READ, R.TOPIC, ft.topic)))
+    try:
+        first = read_fetch(broker, body, isolation_level, max_bytes, f.denied, nowait=log_segment.nowait_reads)
+    except ReadWouldBlock as cold:
+        return _fetch_rest(broker, req, f, None, cold)
+    topics_out, total, errored = first
+    if total >= f.min_bytes or errored or max_wait_s <= 0 or not f.partitions:
+        return _answer(broker, req, topics_out, total)
+    return _fetch_rest(broker, req, f, first, None)
+
+
+def _answer(broker: Broker, req: Request, topics_out: list[dict[str, Any]], total: int) -> dict[str, Any]:
     throttle = broker.throttle(req, broker.fetch_quota, total)
     return {"throttle_time": throttle, "error_code": ErrorCode.none, "session_id": 0, "responses": topics_out}
+
+
+async def _fetch_rest(broker: Broker, req: Request, f: _Fetch,
+                      first: tuple[list[dict[str, Any]], int, bool] | None,
+                      cold: ReadWouldBlock | None) -> dict[str, Any]:
+    """The fetch after its first read: that read's result (``first``), or the cold pages it stopped
+    at (``cold``). Reads again off the loop where pages are cold, and waits for appends that move
+    what this fetch may return, until ``min_bytes`` or the deadline."""
+    partitions = f.partitions
+    while True:
+        if first is None:
+            first = await _read_off_loop_if_cold(broker, f.body, f.isolation_level, f.max_bytes, f.denied, cold)
+            cold = None
+        topics_out, total, errored = first
+        first = None
+        remaining_s = f.deadline - time.monotonic()
+        if total >= f.min_bytes or errored or remaining_s <= 0 or not partitions:
+            break
+        ends = _visible_ends(broker, partitions, f.isolation_level)
+        while True:
+            await broker.wait_for_append(partitions, remaining_s)
+            remaining_s = f.deadline - time.monotonic()
+            # An append that moves nothing this fetch may return (an open transaction's records,
+            # under read_committed) is no reason to read every partition again.
+            if remaining_s <= 0 or _visible_ends(broker, partitions, f.isolation_level) != ends:
+                break
+        if time.monotonic() >= f.deadline:
+            topics_out, total, errored = await _read_off_loop_if_cold(broker, f.body, f.isolation_level,
+                                                                     f.max_bytes, f.denied)
+            break
+    return _answer(broker, req, topics_out, total)
