@@ -17,6 +17,7 @@ from oncelog.protocol.messages import build, encode_request, peek_header, reques
 from oncelog.server.connection import KafkaConnection
 from oncelog.testing.broker_process import BrokerProcess, create_topic, oncelog_broker
 from tests.inproc import InProcessBroker
+from tests.server.test_raw_socket import _recv_exact
 from tests.storage.helpers import batch
 
 TOPIC = "inline"
@@ -48,16 +49,6 @@ def _fetch(corr: int, max_wait_ms: int) -> bytes:  # waits: min_bytes (1 MiB) is
 def _metadata(corr: int) -> bytes:
     return _frame(3, 12, corr, {"topics": None, "allow_auto_topic_creation": False,
                                 "include_topic_authorized_operations": False})
-
-
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("closed")
-        buf += chunk
-    return buf
 
 
 def _correlation_ids(s: socket.socket, n: int) -> list[int]:
