@@ -9,8 +9,7 @@ import multiprocessing as mp
 import threading
 from pathlib import Path
 
-from confluent_kafka import Producer
-
+from oncelog.demo.faults import produce_transactions
 from oncelog.testing.broker_process import BrokerProcess, create_topic
 from oncelog.verify.history import parse_line
 from oncelog.verify.roles import Controls, Recorder, RoleSpec, RunSpec, reader_loop
@@ -18,17 +17,13 @@ from oncelog.verify.roles import Controls, Recorder, RoleSpec, RunSpec, reader_l
 PARTITIONS = 3
 
 
-def _produce(bootstrap: str, topic: str, n: int) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    for i in range(n):
-        p.produce(topic, f"v{i}".encode(), partition=i % PARTITIONS)
-    assert p.flush(30) == 0
-
-
 def _read_after_stop(broker: BrokerProcess, tmp_path: Path, index: int) -> list[tuple[int, int, str]]:
     topic = f"catch-up-{index}"
     create_topic(broker.bootstrap, topic, PARTITIONS)
-    _produce(broker.bootstrap, topic, 60)
+    # in transactions, every third one aborted first: the end a reader must reach is the last
+    # stable offset, past commit and abort markers, and no aborted value may be read
+    produce_transactions(broker.bootstrap, topic, [(b"k", b"v%d" % i) for i in range(60)], per_txn=10,
+                         abort_every=3, partitions=PARTITIONS)
     ctx = mp.get_context("spawn")
     ctl = Controls(stop_writes=ctx.Event(), stop_all=ctx.Event(), commands={}, done={},
                    counters=ctx.Array("q", 3))
