@@ -16,19 +16,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("oncelog.server")
 
 
-def ensure_topic(broker: Broker, name: str, *,
-                 auto_create: bool | Callable[[], bool] = True) -> tuple[Any, ErrorCode]:
+def ensure_topic(broker: Broker, name: str, *, may_create: Callable[[], bool] | None) -> tuple[Any, ErrorCode]:
     """(TopicInfo, NONE) if the topic exists or was auto-created, else (None, error).
 
-    ``auto_create`` may be a callable (an authorizer's CREATE check): it is asked only when the topic
-    is missing and auto-creation is on, as Kafka checks CREATE only for a topic it would create, so
-    a produce to an existing topic costs no CREATE decisions."""
+    ``may_create`` (the authorizer's CREATE check; None: this request may never create) is asked only
+    when the topic is missing and auto-creation is on, as Kafka checks CREATE only for a topic it
+    would create, so a produce to an existing topic costs no CREATE decisions."""
     info = broker.logs.topics().get(name)
     if info is not None:
         return info, ErrorCode.none
     if broker.logs.is_being_created(name):
         return None, ErrorCode.leader_not_available  # a CreateTopics is building it: retriable
-    if not broker.config.auto_create_topics_enable or not (auto_create() if callable(auto_create) else auto_create):
+    if not broker.config.auto_create_topics_enable or may_create is None or not may_create():
         return None, ErrorCode.unknown_topic_or_partition
     try:
         info = broker.logs.create_topic(name, broker.config.num_partitions, {})

@@ -161,8 +161,8 @@ def compute_metadata(broker: Broker, req: Request) -> dict[str, Any]:
             if not allowed(broker, req, Op.DESCRIBE, R.TOPIC, name):
                 topics_out.append(topic_error(name, ErrorCode.topic_authorization_failed))
                 continue
-            info, err = ensure_topic(broker, name,
-                                     auto_create=allow_auto and partial(create_topic_allowed, broker, req, name))
+            info, err = ensure_topic(broker, name, may_create=partial(create_topic_allowed, broker, req, name)
+                                     if allow_auto else None)
             if info is None:
                 topics_out.append(topic_error(name, err))
             else:

@@ -38,7 +38,7 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
     is acknowledged (flush_every_append) adds (partition log, offset) there instead of fsyncing."""
     if not allowed(broker, req, Op.WRITE, R.TOPIC, topic):
         return _error(partition, ErrorCode.topic_authorization_failed)
-    info, err = ensure_topic(broker, topic, auto_create=partial(create_topic_allowed, broker, req, topic))
+    info, err = ensure_topic(broker, topic, may_create=partial(create_topic_allowed, broker, req, topic))
     if info is None:
         return _error(partition, err)
     if info.is_internal:
