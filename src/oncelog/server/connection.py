@@ -223,7 +223,7 @@ class KafkaConnection(asyncio.Protocol):
             except Exception as exc:
                 self._failed(frame, exc)
                 return
-            if type(out) is _Pending:  # must wait for it
+            if isinstance(out, _Pending):  # must wait for it
                 self._handoff = out
                 self.task = asyncio.get_running_loop().create_task(self._drain(out, frame))
                 return
@@ -239,7 +239,7 @@ class KafkaConnection(asyncio.Protocol):
             return
         self._send_pending()
 
-    async def _drain(self, first: Any = None, first_frame: bytes = b"") -> None:
+    async def _drain(self, first: _Pending | None = None, first_frame: bytes = b"") -> None:
         """Handle the queued frames in order, waiting where a request must (``first``: the awaitable
         rest of the request ``first_frame`` that ``_drain_now`` started). Responses are written once
         per pass over the queue (one writev for the requests that arrived together, not a send per
@@ -247,6 +247,7 @@ class KafkaConnection(asyncio.Protocol):
         full send buffer, a throttle) and before the connection closes, so batching never delays an
         answer behind a wait."""
         frame = first_frame
+        out: bytes | list[Any] | _Pending | None
         self._handoff = None  # taken up: cancelling this task now cancels its wait
         while True:
             if first is None:
@@ -268,7 +269,7 @@ class KafkaConnection(asyncio.Protocol):
                 else:
                     frame = self._next_frame()
                     out = self._start_frame(frame)
-                if type(out) is _Pending:
+                if isinstance(out, _Pending):
                     out = self._encode(out.request, await out.awaitable)
             except asyncio.CancelledError:
                 raise
@@ -323,7 +324,7 @@ class KafkaConnection(asyncio.Protocol):
             self._pending = []
             self._pending_bytes = 0
 
-    def _start_frame(self, frame: bytes) -> Any:
+    def _start_frame(self, frame: bytes) -> bytes | list[Any] | _Pending | None:
         """Everything of handling ``frame`` that runs without waiting: the answer (a frame, a Fetch
         answer's buffers, or None for no answer), or, when the handler must wait, a ``_Pending`` whose
         awaitable finishes the handling. Pending answers go out before such a wait."""

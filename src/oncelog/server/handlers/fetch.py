@@ -145,9 +145,8 @@ async def _read_off_loop_if_cold(broker: Broker, body: Any, isolation_level: int
         length = max(cold.length, COLD_READ_AHEAD)
         warmed = (cold.fd, cold.position, cold.position + length)
         cold_reads += 1
-        position = cold.position
+        await broker.read_into_cache(cold.fd, cold.position, length)
         cold = None
-        await broker.read_into_cache(warmed[0], position, length)
 
 
 def _visible_ends(broker: Broker, partitions: list[tuple[str, int]], isolation_level: int) -> list[Any]:
