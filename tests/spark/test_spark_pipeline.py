@@ -31,11 +31,45 @@ def mod_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProce
 def spark() -> Iterator[Any]:
     from oncelog.spark import local_session
 
-    s = local_session("oncelog-tests")
+    s = local_session("oncelog-tests", quick_start=True)
     try:
         yield s
     finally:
         s.stop()
+
+
+def _worker_view(_: Any) -> tuple[str, list[str]]:
+    import sys
+
+    import pyspark
+
+    return pyspark.__file__ or "", list(sys.path)
+
+
+def test_python_workers_import_the_installed_pyspark_not_the_zip(spark: Any) -> None:
+    """``local_session`` points ``SPARK_HOME`` at the shadow home (``oncelog.spark.spark_home``):
+    the worker's path still names ``<home>/python/lib/pyspark.zip`` (so Spark built it from that
+    home), the file is absent, and PySpark comes from the installed package, bytecode cached."""
+    import os
+
+    import pyspark
+
+    from oncelog.spark.spark_home import ZIP_NAME
+
+    file_, path = spark.sparkContext.parallelize([0], 1).map(_worker_view).collect()[0]
+    real = os.path.dirname(os.path.realpath(pyspark.__file__))
+    assert os.path.realpath(file_) == os.path.join(real, "__init__.py"), file_
+    zips = [p for p in path if p.endswith(os.sep + ZIP_NAME)]
+    assert zips and not any(os.path.exists(p) for p in zips), path
+    assert os.environ["SPARK_HOME"] != real
+
+
+def test_quick_start_reaches_the_driver_jvm(spark: Any) -> None:
+    from oncelog.spark import QUICK_START_JAVA_OPTIONS
+
+    args = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+                .getInputArguments())
+    assert QUICK_START_JAVA_OPTIONS in args, args
 
 
 def committed_with_offsets(bootstrap: str, topic: str) -> list[tuple[int, int, bytes]]:

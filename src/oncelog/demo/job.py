@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     if (args.kill_driver_in_commit >= 0 or args.kill_executor_before_commit or args.kill_executor_after_commit) \
             and not args.marker_dir:
         p.error("kills need --marker-dir (each kill happens once, across restarts)")
-    spark = local_session("oncelog-job", master=args.master or None)
+    # quick_start: the fault lab's jobs are short and restarted often (C1 only; see local_session).
+    spark = local_session("oncelog-job", master=args.master or None, quick_start=True)
     register(spark)
     try:
         queries = [build_query(spark, args)]

@@ -24,6 +24,9 @@ from oncelog.spark.guarantees import Guarantee
 
 __all__ = ["Guarantee", "OncelogDataSource", "local_session", "register"]
 
+#: JVM options of ``local_session(quick_start=True)``: C1 only, no C2 (see there).
+QUICK_START_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+
 try:  # pragma: no cover - exercised only with pyspark installed
     from pyspark.sql.datasource import DataSource
 except ImportError:  # pragma: no cover
@@ -65,14 +68,28 @@ def register(spark: Any) -> None:
 
 
 def local_session(app_name: str = "oncelog", cores: int = 2, extra: dict[str, str] | None = None,
-                  master: str | None = None) -> Any:
+                  master: str | None = None, installed_pyspark_in_workers: bool = True,
+                  quick_start: bool = False) -> Any:
     """A loopback-only SparkSession with small shuffles, ``oncelog`` registered: ``local[cores]``, or
     ``master`` such as ``local-cluster[2,1,1024]`` (two executor JVMs of one core and 1 GB each).
 
-    Sets ``PYSPARK_PYTHON`` to this interpreter so executors import the same oncelog.
+    Sets ``PYSPARK_PYTHON`` to this interpreter so executors import the same oncelog. With
+    ``installed_pyspark_in_workers`` (and no ``SPARK_HOME`` of the user's), Spark's Python workers
+    import the installed PySpark, whose bytecode is cached, instead of compiling it from
+    ``pyspark.zip`` in every worker process (:mod:`oncelog.spark.spark_home`).
+
+    ``quick_start`` is for short jobs (the fault lab's, the tests'): the driver's and executors' JVMs
+    compile with C1 only (``-XX:TieredStopAtLevel=1``). A four-batch job's JVM otherwise spends
+    about 15 CPU-seconds in the C2 compiler on code it runs a few times; a long pipeline wants C2.
     """
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    if installed_pyspark_in_workers:
+        from oncelog.spark.spark_home import worker_friendly_spark_home
+
+        home = worker_friendly_spark_home()
+        if home is not None:
+            os.environ["SPARK_HOME"] = str(home)
     # Without it Spark resolves the hostname and may bind executors' services to a public interface.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
@@ -85,7 +102,11 @@ def local_session(app_name: str = "oncelog", cores: int = 2, extra: dict[str, st
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.sql.streaming.stopGracefullyOnShutdown", "false")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true"))
-    for k, v in (extra or {}).items():
+    conf = dict(extra or {})
+    if quick_start:
+        for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+            conf[key] = " ".join(filter(None, [conf.get(key, ""), QUICK_START_JAVA_OPTIONS]))
+    for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
