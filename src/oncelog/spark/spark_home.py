@@ -55,10 +55,15 @@ def _zip_version(zip_path: Path) -> str | None:
     return m.group(1) if m else None
 
 
+#: Not linked: ``python`` (rebuilt without the zip) and ``work``, where a local cluster's workers
+#: write their applications' directories: they go under the shadow home, not into site-packages.
+NOT_LINKED = ("python", "work")
+
+
 def _wanted_links(real: Path) -> dict[str, Path]:
     """Relative path in the shadow home -> target in the real one: every top-level entry but
-    ``python``, and every file of ``python/lib`` but the zip."""
-    links = {e.name: e for e in real.iterdir() if e.name != "python"}
+    :data:`NOT_LINKED`, and every file of ``python/lib`` but the zip."""
+    links = {e.name: e for e in real.iterdir() if e.name not in NOT_LINKED}
     lib = real / "python" / "lib"
     if lib.is_dir():
         links.update({f"python/lib/{e.name}": e for e in lib.iterdir() if e.name != ZIP_NAME})
