@@ -143,7 +143,8 @@ def test_the_report_is_written_from_the_json_alone(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "why"), [(["--rows", "bogus"], "unknown rows"), (["--size", "0"], "must be positive"),
-                                           (["--out", "/proc/no/such"], "cannot write to --out")])
+                                           (["--out", "/proc/no/such"], "cannot write to --out"),
+                                           (["--pipeline-rounds", "0"], "must be at least 1")])
 def test_bad_options_exit_2_with_one_line(args: list[str], why: str) -> None:
     import subprocess
     import sys
@@ -287,3 +288,12 @@ def test_keyless_producers_leave_the_partition_to_the_client(tmp_path: Path) -> 
                 assert switches < len(order) / 20, (linger_ms, switches, len(order))
     finally:
         process.stop()
+
+
+def test_pipeline_rounds_rotate_the_guarantees_so_each_runs_first_once() -> None:
+    from oncelog.demo.pipeline_bench import GUARANTEES, round_order
+
+    orders = [round_order(list(GUARANTEES), r) for r in range(len(GUARANTEES))]
+    assert sorted(o[0] for o in orders) == sorted(GUARANTEES)
+    assert all(sorted(o) == sorted(GUARANTEES) for o in orders)
+    assert round_order(list(GUARANTEES), len(GUARANTEES)) == list(GUARANTEES)

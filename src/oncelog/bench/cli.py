@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline-batches",
                    help="comma-separated micro-batch sizes (maxOffsetsPerTrigger) of the pipeline curve "
                         "(default 5000,20000,100000)")
+    p.add_argument("--pipeline-rounds", type=int,
+                   help="rounds of the pipeline measurement per micro-batch size, the guarantees' order "
+                        "rotated each round and medians reported (default 3: each guarantee runs first once)")
     p.add_argument("--pipeline-master", default="",
                    help="Spark master of the pipeline runs (default local[2]), e.g. local-cluster[2,1,1024]")
     p.add_argument("--recovery-mib", type=int,
@@ -85,6 +88,10 @@ def plan_from(args: argparse.Namespace) -> Plan:
         changes["pipeline_batches"] = batches
     if args.pipeline_master:
         changes["pipeline_master"] = args.pipeline_master
+    if args.pipeline_rounds is not None:
+        if args.pipeline_rounds < 1:
+            raise UsageError("--pipeline-rounds must be at least 1")
+        changes["pipeline_rounds"] = args.pipeline_rounds
     if args.recovery_mib is not None:
         if args.recovery_mib < 0:
             raise UsageError("--recovery-mib must not be negative")
@@ -145,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         if plan.pipeline_records > 0:
             doc["pipeline"] = pipeline(plan.pipeline_records, plan.pipeline_batches,
                                        lambda s: status.update(f"[{time.monotonic() - began:4.0f} s] {s}"),
-                                       plan.pipeline_master, plan.pipeline_latency_s)
+                                       plan.pipeline_master, plan.pipeline_latency_s, plan.pipeline_rounds)
     doc["conditions"]["seconds"] = round(time.monotonic() - began, 1)
     print_tables(doc, console)
     path = write_all(doc, args.out)
