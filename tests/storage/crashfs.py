@@ -11,7 +11,12 @@ Model (what POSIX promises, what LazyFS enforces, what ext4/xfs do in the worst 
   source disappears exactly when its target appears (journaling file systems commit a rename
   atomically; without that, a cut could leave the renamed inode with no name at all);
 - ``cut_after(n)`` arms a cut: the n-th mutating operation from now raises ``PowerCut`` before it
-  takes effect, anywhere in the broker (mid-flush, between two fsyncs of a commit, ...).
+  takes effect, anywhere in the broker (mid-flush, between two fsyncs of a commit, ...), and so
+  does every mutating operation after it, in every thread: nothing happens after a power cut.
+
+The broker calls it from several threads at once (the event loop, the flush thread, the sync
+threads): every operation, the real system call and its bookkeeping, runs under one lock, so the
+recording is the history of one disk, operation by operation, in the order they took effect.
 
 ``materialize(dest)`` writes the surviving state into ``dest``: a broker started there sees what
 it would see after the machine came back.
@@ -22,12 +27,27 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import wraps
 from pathlib import Path
+from typing import Any, TypeVar
 
 from oncelog.storage import fileio
 
 PAGE = 4096
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _locked(method: F) -> F:
+    """Run ``method`` under the file system's lock: the system call and its bookkeeping are one
+    step of the disk's history, never interleaved with another thread's."""
+    @wraps(method)
+    def run(self: CrashFS, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return run  # type: ignore[return-value]
 
 
 class PowerCut(BaseException):
@@ -90,7 +110,9 @@ class CrashFS(fileio.FileSystem):
         self.renames: dict[Path, tuple[Path, int]] = {}  # target -> (source, inode), not yet durable
         self._next_inode = 0
         self.countdown: int | None = None
+        self.cut = False  # the power is out: every mutating operation raises PowerCut
         self.ops = 0
+        self._lock = threading.RLock()  # one disk: operations take effect one at a time
         self.root.mkdir(parents=True, exist_ok=True)
         self.dirs.add(self.root)
         self.durable_dirs.add(self.root)
@@ -109,11 +131,16 @@ class CrashFS(fileio.FileSystem):
         self.countdown = n
 
     def _op(self) -> None:
+        """Count a mutating operation (the caller holds the lock); raise if the power is, or now
+        goes, out."""
+        if self.cut:
+            raise PowerCut("the power is out")
         self.ops += 1
         if self.countdown is not None:
             self.countdown -= 1
             if self.countdown <= 0:
                 self.countdown = None
+                self.cut = True
                 raise PowerCut(f"power cut at operation {self.ops}")
 
     def _new_inode(self, data: bytes = b"") -> int:
@@ -133,23 +160,27 @@ class CrashFS(fileio.FileSystem):
         return self.inodes[ino]
 
     # --- the FileSystem interface ----------------------------------------------------------------------
+    @_locked
     def open_rw(self, path: Path) -> int:
         fd = super().open_rw(path)
         self._inode_of(path)
         self.fds[fd] = self.names[self._key(path)]
         return fd
 
+    @_locked
     def pwrite(self, fd: int, data: bytes | bytearray | memoryview, position: int) -> int:
         self._op()
         n = super().pwrite(fd, data, position)
         self.inodes[self.fds[fd]].write(position, bytes(data[:n]))
         return n
 
+    @_locked
     def ftruncate(self, fd: int, size: int) -> None:
         self._op()
         super().ftruncate(fd, size)
         self.inodes[self.fds[fd]].truncate(size)
 
+    @_locked
     def fsync(self, fd: int) -> None:
         self._op()
         super().fsync(fd)
@@ -157,15 +188,18 @@ class CrashFS(fileio.FileSystem):
         if ino is not None:
             self.inodes[ino].sync()
 
+    @_locked
     def close(self, fd: int) -> None:
         super().close(fd)
         self.fds.pop(fd, None)
 
+    @_locked
     def dup(self, fd: int) -> int:
         new = super().dup(fd)
         self.fds[new] = self.fds[fd]
         return new
 
+    @_locked
     def append_durable(self, path: Path, data: bytes, *, fsync: bool = True) -> None:
         self._op()
         super().append_durable(path, data, fsync=False)
@@ -174,6 +208,7 @@ class CrashFS(fileio.FileSystem):
         if fsync:
             inode.sync()
 
+    @_locked
     def write_atomic(self, path: Path, data: bytes, *, durable_name: bool = True) -> None:
         self._op()
         tmp = path.with_name(path.name + ".tmp")
@@ -189,6 +224,7 @@ class CrashFS(fileio.FileSystem):
         if durable_name:
             self.fsync_dir(path.parent)
 
+    @_locked
     def replace(self, src: Path, dst: Path) -> None:
         self._op()
         super().replace(src, dst)
@@ -197,11 +233,13 @@ class CrashFS(fileio.FileSystem):
         self.renames.pop(self._key(src), None)
         self.renames[self._key(dst)] = (self._key(src), ino)
 
+    @_locked
     def unlink(self, path: Path) -> None:
         self._op()
         super().unlink(path)
         self.names.pop(self._key(path), None)
 
+    @_locked
     def mkdir(self, path: Path) -> None:
         key = self._key(path)
         if key in self.dirs and key.is_dir():
@@ -212,6 +250,7 @@ class CrashFS(fileio.FileSystem):
         self.dirs.update(missing)
         self.fsync_dir(key.parent)
 
+    @_locked
     def rmtree(self, path: Path) -> None:
         self._op()
         shutil.rmtree(path, ignore_errors=True)
@@ -220,6 +259,7 @@ class CrashFS(fileio.FileSystem):
             del self.names[name]
         self.dirs = {d for d in self.dirs if d != key and key not in d.parents}
 
+    @_locked
     def fsync_dir(self, path: Path) -> None:
         self._op()
         super().fsync_dir(path)
@@ -237,6 +277,7 @@ class CrashFS(fileio.FileSystem):
         self.durable_dirs |= {d for d in self.dirs if d.parent == key}
 
     # --- after the cut -------------------------------------------------------------------------------
+    @_locked
     def materialize(self, dest: Path, rng: random.Random, writeback: float = 0.0) -> dict[str, int]:
         """Write what survives a cut now into ``dest``; returns counts (for test diagnostics)."""
         dirs = set(self.durable_dirs)
