@@ -81,6 +81,10 @@ def local_session(app_name: str = "oncelog", cores: int = 2, extra: dict[str, st
     ``quick_start`` is for short jobs (the fault lab's, the tests'): the driver's and executors' JVMs
     compile with C1 only (``-XX:TieredStopAtLevel=1``). A four-batch job's JVM otherwise spends
     about 15 CPU-seconds in the C2 compiler on code it runs a few times; a long pipeline wants C2.
+
+    Both act only when this call starts Spark: with a session already running in the process,
+    ``getOrCreate`` returns it with the JVM options it started with. And ``SPARK_HOME`` set by an
+    earlier call stays set: ``installed_pyspark_in_workers=False`` then leaves it as it is.
     """
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
