@@ -224,3 +224,34 @@ def test_a_plain_producer_that_failed_is_not_pooled(broker: BrokerProcess) -> No
     assert PRODUCERS.idle() == [], "a producer that saw an error is closed, not lent again"
     again = write_partition(_records("ok2", 3), TaskIdentity("q-plain", 2, 0), s)
     assert again.rows == 3 and not again.reused_producer
+
+
+@pytest.mark.parametrize("guarantee", list(Guarantee))
+def test_new_producers_hold_back_their_second_connection_briefly(broker: BrokerProcess, guarantee: Guarantee,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every producer the sink makes (a transactional one per exactly_once and at_most_once task,
+    the pooled plain ones) sets reconnect.backoff.ms=20 unless the user's options set it: with
+    librdkafka's 100 ms, its first requests after the bootstrap connection waited 50 ms for the
+    next connection (sink.PRODUCER_DEFAULTS), in every exactly_once task. A user's value wins."""
+    import confluent_kafka
+
+    from oncelog.spark.sink import PRODUCERS
+
+    made: list[dict[str, object]] = []
+    real = confluent_kafka.Producer
+
+    def recording(conf: dict[str, object]) -> object:
+        made.append(dict(conf))
+        return real(conf)
+
+    monkeypatch.setattr(confluent_kafka, "Producer", recording)
+    create_topic(broker.bootstrap, "out", 1)
+    for b, (user, expected) in enumerate([({}, 20), ({"reconnect.backoff.ms": "100"}, "100")]):
+        PRODUCERS.clear()
+        TXN_PRODUCERS.clear()
+        made.clear()
+        s = dataclasses.replace(_settings(broker.bootstrap, guarantee),
+                                client={"bootstrap.servers": broker.bootstrap, **user})
+        assert write_partition(_records(f"r{b}", 3), TaskIdentity("q-backoff", b, 0), s).rows == 3
+        assert made, "the task made no producer"
+        assert {conf.get("reconnect.backoff.ms") for conf in made} == {expected}
