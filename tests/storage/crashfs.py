@@ -113,6 +113,7 @@ class CrashFS(fileio.FileSystem):
         self.cut = False  # the power is out: every mutating operation raises PowerCut
         self.ops = 0
         self._lock = threading.RLock()  # one disk: operations take effect one at a time
+        self._syncing_dir = False  # inside fsync_dir (under the lock): fsync of the directory's descriptor
         self.root.mkdir(parents=True, exist_ok=True)
         self.dirs.add(self.root)
         self.durable_dirs.add(self.root)
@@ -187,6 +188,8 @@ class CrashFS(fileio.FileSystem):
         ino = self.fds.get(fd)
         if ino is not None:
             self.inodes[ino].sync()
+        elif not self._syncing_dir:  # a descriptor the model lost track of: its fsync would go unrecorded
+            raise AssertionError(f"CrashFS: fsync of descriptor {fd}, which it did not open")
 
     @_locked
     def close(self, fd: int) -> None:
@@ -262,7 +265,11 @@ class CrashFS(fileio.FileSystem):
     @_locked
     def fsync_dir(self, path: Path) -> None:
         self._op()
-        super().fsync_dir(path)
+        self._syncing_dir = True  # the base class fsyncs the directory's descriptor through fsync()
+        try:
+            super().fsync_dir(path)
+        finally:
+            self._syncing_dir = False
         key = self._key(path)
         for name in [n for n in self.durable_names if n.parent == key and n not in self.names]:
             del self.durable_names[name]
