@@ -297,3 +297,14 @@ def test_pipeline_rounds_rotate_the_guarantees_so_each_runs_first_once() -> None
     assert sorted(o[0] for o in orders) == sorted(GUARANTEES)
     assert all(sorted(o) == sorted(GUARANTEES) for o in orders)
     assert round_order(list(GUARANTEES), len(GUARANTEES)) == list(GUARANTEES)
+
+
+def test_the_tables_written_into_a_file_keep_their_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    """Into a pipe or a log (``make bench > log``, CI), rich would lay the tables out in 80 columns
+    and cut every figure to an ellipsis; the bench's console is wide there."""
+    from oncelog.console import output_console
+
+    print_tables(fake_doc(), output_console())
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert "312/988" in out and "0.900" in out and "1.250" in out

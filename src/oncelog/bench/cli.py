@@ -104,11 +104,10 @@ def plan_from(args: argparse.Namespace) -> Plan:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from oncelog.bench.clients import ClientPool
     from oncelog.bench.cpu import cpu_count
     from oncelog.bench.report import print_tables, write_all
+    from oncelog.console import output_console
 
     try:
         plan = plan_from(args)
@@ -119,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: oncelog bench: cannot write to --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    console = Console()
+    console = output_console()
     began = time.monotonic()
     brokers: list[Broker] = []
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as tmp, \

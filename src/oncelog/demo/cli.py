@@ -164,14 +164,12 @@ def kill_records(g: str, kills: list[tuple[float, KillEvent, str, dict[str, Quer
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from oncelog.console import output_console
     from oncelog.demo.progress import DemoProgress, RichProgress
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=220)  # a log file or CI: do not squeeze the table to 80 columns
+    console = output_console()
     import importlib.util
 
     if importlib.util.find_spec("pyspark") is None:
