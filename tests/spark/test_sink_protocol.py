@@ -255,3 +255,48 @@ def test_new_producers_hold_back_their_second_connection_briefly(broker: BrokerP
         assert write_partition(_records(f"r{b}", 3), TaskIdentity("q-backoff", b, 0), s).rows == 3
         assert made, "the task made no producer"
         assert {conf.get("reconnect.backoff.ms") for conf in made} == {expected}
+
+
+@pytest.mark.parametrize("guarantee", list(Guarantee))
+def test_every_new_producer_is_connected_before_its_first_record(broker: BrokerProcess, guarantee: Guarantee,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every new producer of a task (at_least_once's idempotent output producer, at_most_once's
+    acks=0 one, the transactional ones) makes its two topic-less metadata requests before its
+    first record (sink._connect_first): a new idempotent producer's first flush otherwise stalled
+    100 ms to 1 s now and then, waiting for its producer id."""
+    import confluent_kafka
+
+    from oncelog.spark.sink import PRODUCERS
+
+    made: list[list[str]] = []
+    real = confluent_kafka.Producer
+
+    class Recording:
+        def __init__(self, conf: dict[str, object]) -> None:
+            self._p = real(conf)
+            self.calls: list[str] = []
+            made.append(self.calls)
+
+        def list_topics(self, *args: object, **kwargs: object) -> object:
+            self.calls.append("metadata" if args or kwargs.get("topic") else "topic-less metadata")
+            return self._p.list_topics(*args, **kwargs)
+
+        def produce(self, *args: object, **kwargs: object) -> object:
+            self.calls.append("produce")
+            return self._p.produce(*args, **kwargs)
+
+        def __len__(self) -> int:
+            return len(self._p)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._p, name)
+
+    create_topic(broker.bootstrap, "out", 1)
+    s = _settings(broker.bootstrap, guarantee)
+    PRODUCERS.clear()
+    monkeypatch.setattr(confluent_kafka, "Producer", Recording)
+    assert write_partition(_records("c0", 3), TaskIdentity("q-connect", 0, 0), s).rows == 3
+    producing = [calls for calls in made if "produce" in calls]
+    assert len(producing) == (2 if guarantee is Guarantee.at_most_once else 1)
+    for calls in producing:
+        assert calls[:calls.index("produce")].count("topic-less metadata") == 2, calls
