@@ -9,6 +9,7 @@ import dataclasses
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -273,7 +274,7 @@ def test_every_new_producer_is_connected_before_its_first_record(broker: BrokerP
 
     class Recording:
         def __init__(self, conf: dict[str, object]) -> None:
-            self._p = real(conf)
+            self._p: Any = real(conf)
             self.calls: list[str] = []
             made.append(self.calls)
 
