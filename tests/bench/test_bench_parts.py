@@ -308,3 +308,24 @@ def test_the_tables_written_into_a_file_keep_their_figures(capsys: pytest.Captur
     out = capsys.readouterr().out
     assert "…" not in out
     assert "312/988" in out and "0.900" in out and "1.250" in out
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["removed", "kept"])
+def test_the_pipeline_bench_removes_its_broker_data_and_checkpoints(tmp_path: Path, keep: bool,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each run of the pipeline bench writes gigabytes (its broker's records, the queries'
+    checkpoints) into temporary directories; they go at the end unless --keep. (They used to stay:
+    62 of them, up to 3 GB each, had piled up in /tmp on this machine.)"""
+    import tempfile
+    from types import SimpleNamespace
+
+    import oncelog.spark
+    from oncelog.demo import pipeline_bench
+
+    fake_spark = SimpleNamespace(dataSource=SimpleNamespace(register=lambda _source: None), stop=lambda: None)
+    monkeypatch.setattr(oncelog.spark, "local_session", lambda *_a, **_k: fake_spark)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    args = ["--records", "10", "--guarantees", "", "--no-copier", "--latency-seconds", "0"]
+    assert pipeline_bench.main(args + (["--keep"] if keep else [])) == 0
+    left = sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.iterdir() if p.name.startswith("oncelog-pipeline-bench"))
+    assert left == (["oncelog-pipeline-bench", "oncelog-pipeline-bench-broker"] if keep else [])

@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import struct
 import sys
@@ -407,10 +408,25 @@ class _Cpu:
 def measure(bootstrap: str, records: int, size: int, max_offsets: int, guarantees: list[str],
             master: str | None = None, rounds: int = 1, copier: bool = True, latency_rate: int = 10_000,
             latency_seconds: float = 0.0, broker_pid: int | None = None,
-            spark_conf: dict[str, str] | None = None) -> dict[str, Any]:
+            spark_conf: dict[str, str] | None = None, keep: bool = False) -> dict[str, Any]:
+    """Measure on the broker at ``bootstrap``. The queries' checkpoints and task phases go into a
+    temporary directory, removed at the end unless ``keep`` (then its path is printed to stderr)."""
+    work = Path(tempfile.mkdtemp(prefix="oncelog-pipeline-bench-"))
+    try:
+        return _measure(bootstrap, records, size, max_offsets, guarantees, work, master, rounds, copier,
+                        latency_rate, latency_seconds, broker_pid, spark_conf)
+    finally:
+        if keep:
+            print(f"kept the queries' checkpoints and task phases in {work}", file=sys.stderr, flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(bootstrap: str, records: int, size: int, max_offsets: int, guarantees: list[str], work: Path,
+             master: str | None, rounds: int, copier: bool, latency_rate: int, latency_seconds: float,
+             broker_pid: int | None, spark_conf: dict[str, str] | None) -> dict[str, Any]:
     from oncelog.spark import local_session
 
-    work = Path(tempfile.mkdtemp(prefix="oncelog-pipeline-bench-"))
     create_topic(bootstrap, "bench-in", 2)
     create_topic(bootstrap, "bench-warm", 2)
     fill(bootstrap, "bench-in", records, size)
@@ -468,7 +484,7 @@ def measure(bootstrap: str, records: int, size: int, max_offsets: int, guarantee
 def round_order(guarantees: list[str], r: int) -> list[str]:
     """The guarantees in round ``r``'s order: rotated by ``r``, so over ``len(guarantees)`` rounds
     each runs first (right after the warm-up, the slot that pays for the JVM's compilation) once."""
-    k = r % len(guarantees)
+    k = r % len(guarantees) if guarantees else 0  # none: the copier alone
     return guarantees[k:] + guarantees[:k]
 
 
@@ -498,12 +514,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-seconds", type=float, default=15.0, help="latency phase per guarantee (0: none)")
     p.add_argument("--sink-option", action="append", default=[], metavar="K=V", help="extra sink option")
     p.add_argument("--spark-conf", action="append", default=[], metavar="K=V", help="extra Spark setting")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the broker's data and the queries' checkpoints and task phases (removed by default)")
     args = p.parse_args(argv)
     SINK_OPTIONS.update(kv.split("=", 1) for kv in args.sink_option)
     guarantees = [g for g in args.guarantees.split(",") if g]
     kw = {"master": args.master or None, "rounds": max(1, args.rounds), "copier": not args.no_copier,
           "latency_rate": args.latency_rate, "latency_seconds": args.latency_seconds,
-          "spark_conf": dict(kv.split("=", 1) for kv in args.spark_conf)}
+          "spark_conf": dict(kv.split("=", 1) for kv in args.spark_conf), "keep": args.keep}
     if args.bootstrap:
         print(json.dumps(measure(args.bootstrap, args.records, args.size, args.max_offsets, guarantees, **kw)))
         return 0
@@ -516,6 +534,10 @@ def main(argv: list[str] | None = None) -> int:
                                  broker_pid=pid, **kw)))
     finally:
         broker.kill()
+        if args.keep:
+            print(f"kept the broker's data in {d}", file=sys.stderr, flush=True)
+        else:
+            shutil.rmtree(d, ignore_errors=True)  # gigabytes of records per run
     return 0
 
 
