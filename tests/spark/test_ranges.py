@@ -89,6 +89,9 @@ class _SlowConsumer:
     def assign(self, parts: object) -> None:
         pass
 
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> None:
+        pass
+
     def consume(self, num_messages: int, timeout: float) -> list[object]:
         self.clock[0] += 0.4
         if self.stall_at is not None and self.next >= self.stall_at:
@@ -135,6 +138,9 @@ class _ScriptedConsumer:
     def assign(self, parts: object) -> None:
         pass
 
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> None:
+        pass
+
     def consume(self, num_messages: int, timeout: float) -> list[object]:
         return self.answers.pop(0) if self.answers else []
 
@@ -175,3 +181,45 @@ def test_an_error_beside_records_is_raised() -> None:
         for _ in consume_range(_ScriptedConsumer([[*_msgs(0, 1), bad]]), "t", 0, 0, 5, timeout_s=5,
                                max_messages=100):
             pass
+
+
+def test_a_pooled_consumer_fetches_a_new_topics_metadata_before_assigning_it(
+        broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pooled consumer that read one topic, then a topic it has not seen: librdkafka asks for no
+    metadata on ``assign()`` and waited for its once-a-second scan (999 ms a read: the progress
+    reads and source ranges of a worker's first batches of a new query stalled so). The read asks
+    for the new topic's metadata first, once per consumer and topic, and reads both ranges whole."""
+    from confluent_kafka import Producer
+
+    from oncelog.spark import clients
+
+    bs = broker.bootstrap
+    for topic in ("first", "second"):
+        create_topic(bs, topic, 1)
+        p = Producer({"bootstrap.servers": bs})
+        for i in range(3):
+            p.produce(topic, b"%s-%d" % (topic.encode(), i), partition=0)
+        p.flush(10)
+    asked: list[str | None] = []
+    pooled = clients._consumer_class()
+    real = pooled.list_topics
+
+    def counting(self: object, topic: str | None = None, *args: object, **kwargs: object) -> object:
+        asked.append(topic)
+        return real(self, topic, *args, **kwargs)
+
+    monkeypatch.setattr(pooled, "list_topics", counting)
+    pool = clients.ConsumerPool(lambda c: c.close())
+    config = {"bootstrap.servers": bs, "group.id": f"g-{uuid.uuid4()}", "enable.auto.commit": False,
+              "enable.partition.eof": True, "fetch.wait.max.ms": 5}
+    try:
+        for topic in ("first", "second", "second", "first"):
+            c = pool.take(config)
+            got = [m.value() for msgs in consume_range(c, topic, 0, 0, 3, timeout_s=20, max_messages=10)
+                   for m in msgs]
+            assert got == [b"%s-%d" % (topic.encode(), i) for i in range(3)]
+            pool.give(config, c)
+        assert len(pool.idle()) == 1, "one consumer served every read"
+        assert asked == ["first", "second"], "each topic's metadata asked for once, before its first assign"
+    finally:
+        pool.clear()

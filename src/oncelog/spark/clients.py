@@ -90,14 +90,32 @@ def _close_consumer(c: Any) -> None:
     c.close()
 
 
+_CONSUMER_CLASS: type | None = None
+
+
+def _consumer_class() -> type:
+    """confluent-kafka's Consumer with a ``known_topics`` set (the C type takes no attributes)."""
+    global _CONSUMER_CLASS
+    if _CONSUMER_CLASS is None:
+        from confluent_kafka import Consumer
+
+        class PooledConsumer(Consumer):
+            """A consumer that remembers the topics whose metadata it has fetched (``ranges.consume_range``)."""
+
+            def __init__(self, config: dict[str, Any]) -> None:
+                super().__init__(config)
+                self.known_topics: set[str] = set()
+
+        _CONSUMER_CLASS = PooledConsumer
+    return _CONSUMER_CLASS
+
+
 class ConsumerPool(ClientPool[Any]):
     """librdkafka consumers by configuration; :meth:`take` makes one when none is idle."""
 
     def take(self, config: Mapping[str, Any]) -> Any:  # type: ignore[override]
-        from confluent_kafka import Consumer
-
         c = super().take(config_key(config))
-        return c if c is not None else Consumer(dict(config))
+        return c if c is not None else _consumer_class()(dict(config))
 
     def give(self, config: Mapping[str, Any], consumer: Any) -> None:  # type: ignore[override]
         try:
