@@ -40,6 +40,25 @@ def parts(c: Consumer) -> list[int]:
     return sorted(tp.partition for tp in c.assignment())
 
 
+def leave_and_close(consumers: list[Consumer], timeout_s: float = 60) -> None:
+    """Leave the group, then close: every member unsubscribes and is polled until none holds a
+    partition, so that ``close()`` has no rebalance left to serve. Closing members in turn while
+    the group rebalanced once hung CI: librdkafka 2.16, serving a revoke from inside
+    ``consumer_close``, blocked for good in ``rd_kafka_assign`` (its stack: rd_kafka_op_req under
+    Consumer_rebalance_cb under rd_kafka_consumer_close; the broker had the group empty). A close
+    that still does not return fails the test instead of hanging the suite."""
+    import threading
+
+    for c in consumers:
+        c.unsubscribe()
+    poll_until(consumers, lambda: not any(c.assignment() for c in consumers))
+    for c in consumers:
+        closer = threading.Thread(target=c.close, daemon=True)
+        closer.start()
+        closer.join(timeout_s)
+        assert not closer.is_alive(), f"librdkafka's close() did not return within {timeout_s:g} s"
+
+
 def test_members_split_partitions_rebalance_and_expire(tmp_path: Path) -> None:
     b = oncelog_broker(tmp_path / "d", *FAST, log_path=tmp_path / "broker.log").start()
     try:
@@ -77,8 +96,7 @@ while True:
         start = time.monotonic()
         poll_until([c1, c2, c3], lambda: sorted(parts(c1) + parts(c2) + parts(c3)) == [0, 1, 2, 3], 30)
         assert time.monotonic() - start > 3  # it took the session timeout, not a clean leave
-        for c in (c1, c2, c3):
-            c.close()
+        leave_and_close([c1, c2, c3])
     finally:
         b.kill()
 
@@ -229,7 +247,6 @@ def test_roundrobin_and_cooperative_sticky_assignors(tmp_path: Path) -> None:
             with RawClient(b.bootstrap) as client:
                 desc = client.request(15, (0, 5), {"groups": [group], "include_authorized_operations": False})
             assert desc.groups[0].protocol_data == strategy
-            c1.close()
-            c2.close()
+            leave_and_close([c1, c2])
     finally:
         b.kill()
