@@ -21,6 +21,7 @@ Safe to use from several threads (tests run attempts concurrently in one process
 from __future__ import annotations
 
 import atexit
+import functools
 import threading
 import warnings
 from collections import OrderedDict
@@ -90,24 +91,20 @@ def _close_consumer(c: Any) -> None:
     c.close()
 
 
-_CONSUMER_CLASS: type | None = None
-
-
+@functools.cache
 def _consumer_class() -> type:
-    """confluent-kafka's Consumer with a ``known_topics`` set (the C type takes no attributes)."""
-    global _CONSUMER_CLASS
-    if _CONSUMER_CLASS is None:
-        from confluent_kafka import Consumer
+    """confluent-kafka's Consumer with a ``known_topics`` set (the C type takes no attributes);
+    made on first use, as this module imports confluent-kafka only when a client is made."""
+    from confluent_kafka import Consumer
 
-        class PooledConsumer(Consumer):
-            """A consumer that remembers the topics whose metadata it has fetched (``ranges.consume_range``)."""
+    class PooledConsumer(Consumer):
+        """A consumer that remembers the topics whose metadata it has fetched (``ranges.consume_range``)."""
 
-            def __init__(self, config: dict[str, Any]) -> None:
-                super().__init__(config)
-                self.known_topics: set[str] = set()
+        def __init__(self, config: dict[str, Any]) -> None:
+            super().__init__(config)
+            self.known_topics: set[str] = set()
 
-        _CONSUMER_CLASS = PooledConsumer
-    return _CONSUMER_CLASS
+    return PooledConsumer
 
 
 class ConsumerPool(ClientPool[Any]):
