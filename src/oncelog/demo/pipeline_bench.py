@@ -416,10 +416,15 @@ def measure(bootstrap: str, records: int, size: int, max_offsets: int, guarantee
         return _measure(bootstrap, records, size, max_offsets, guarantees, work, master, rounds, copier,
                         latency_rate, latency_seconds, broker_pid, spark_conf)
     finally:
-        if keep:
-            print(f"kept the queries' checkpoints and task phases in {work}", file=sys.stderr, flush=True)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        _remove_unless(keep, work, "the queries' checkpoints and task phases")
+
+
+def _remove_unless(keep: bool, path: Path, what: str) -> None:
+    """Remove the temporary directory ``path``, or with ``keep`` say on stderr where ``what`` stays."""
+    if keep:
+        print(f"kept {what} in {path}", file=sys.stderr, flush=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _measure(bootstrap: str, records: int, size: int, max_offsets: int, guarantees: list[str], work: Path,
@@ -534,10 +539,7 @@ def main(argv: list[str] | None = None) -> int:
                                  broker_pid=pid, **kw)))
     finally:
         broker.kill()
-        if args.keep:
-            print(f"kept the broker's data in {d}", file=sys.stderr, flush=True)
-        else:
-            shutil.rmtree(d, ignore_errors=True)  # gigabytes of records per run
+        _remove_unless(args.keep, d, "the broker's data")  # gigabytes of records per run
     return 0
 
 
