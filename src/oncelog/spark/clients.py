@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import threading
 import warnings
 from collections import OrderedDict
@@ -125,6 +126,51 @@ class ConsumerPool(ClientPool[Any]):
 
 #: The source's executor consumers and the progress log's readers.
 CONSUMERS = ConsumerPool(_close_consumer)
+
+
+_heap_frozen = False
+_freeze_lock = threading.Lock()
+
+
+def in_spark_worker() -> bool:
+    """True in a Python worker that Spark started for a task (PySpark sets the flag while it sets the
+    task's files up), False in a driver or any other process."""
+    try:
+        from pyspark.core.files import SparkFiles
+    except ImportError:
+        return False
+    return bool(getattr(SparkFiles, "_is_running_on_worker", False))
+
+
+def settle_worker() -> bool:
+    """Once per Spark Python worker: import the libraries a task uses, then ``gc.freeze()``.
+
+    PySpark's daemon runs ``gc.collect()`` after every task of a reused worker. With PySpark,
+    pyarrow, confluent-kafka and this package loaded, each of those full collections walks about
+    47,800 objects that live as long as the process: 53-145 ms a task in a 2-core pipeline run,
+    0.4-0.9 ms once frozen; and a pipeline task runs in two workers (the source's and the sink's).
+    Freezing moves the objects alive now into the collector's permanent generation, so later
+    collections walk only what tasks made since.
+
+    Invariants: it freezes at most once per process and never outside a Spark worker (a driver,
+    or a test calling the sink in process, keeps its collector as it was). Reference counting still
+    frees frozen objects; only a reference cycle among objects alive at the freeze outlives its
+    last use, so the cost is at most what existed once, never a growth per task. Returns whether
+    this call froze.
+    """
+    global _heap_frozen
+    if _heap_frozen or not in_spark_worker():
+        return False
+    with _freeze_lock:
+        if _heap_frozen:
+            return False
+        import confluent_kafka  # noqa: F401  (a task's imports, frozen with the rest)
+        import pyarrow  # noqa: F401
+
+        gc.collect()  # what is garbage already is freed, not frozen
+        gc.freeze()
+        _heap_frozen = True
+        return True
 
 
 def clear_all() -> None:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
-from oncelog.spark.clients import ClientPool, config_key
+from oncelog.spark.clients import ClientPool, config_key, settle_worker
 from oncelog.spark.guarantees import (
     BASE_TRANSACTION_TIMEOUT_MS,
     Guarantee,
@@ -979,6 +979,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         self.last_commit: CommitSummary | None = None
 
     def write(self, iterator: Iterator[Any]) -> SinkCommitMessage:
+        settle_worker()
         return write_partition(ArrowRecords(iterator), current_task_identity(), self.settings, self.hooks)
 
     def commit(self, messages: list[Any], batchId: int) -> None:

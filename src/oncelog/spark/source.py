@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from oncelog.spark.clients import CONSUMERS
+from oncelog.spark.clients import CONSUMERS, settle_worker
 from oncelog.spark.options import (
     BATCH_ONLY_OPTIONS,
     DEFAULT_CONNECT_TIMEOUT_MS,
@@ -163,6 +163,7 @@ def read_range(conf: Mapping[str, Any], rng: OffsetRange, include_headers: bool,
     """
     import pyarrow as pa
 
+    settle_worker()
     group = group_id or f"oncelog-spark-source-{uuid.uuid4()}-executor"
     cfg = {**conf, "group.id": group, "enable.auto.commit": False, "enable.partition.eof": True,
            "auto.offset.reset": "error"}
