@@ -72,6 +72,15 @@ def test_quick_start_reaches_the_driver_jvm(spark: Any) -> None:
     assert QUICK_START_JAVA_OPTIONS in args, args
 
 
+def test_checkpoints_go_through_the_filesystem_based_manager(spark: Any) -> None:
+    """``local_session`` (local checkpoints by default) names Spark's FileSystem-based checkpoint
+    manager, and Spark took it: every streaming test of this module writes its offsets and commits
+    through it."""
+    from oncelog.spark import CHECKPOINT_MANAGER_KEY, FS_CHECKPOINT_MANAGERS
+
+    assert spark.conf.get(CHECKPOINT_MANAGER_KEY) == FS_CHECKPOINT_MANAGERS[0]
+
+
 def committed_with_offsets(bootstrap: str, topic: str) -> list[tuple[int, int, bytes]]:
     from confluent_kafka import Consumer, TopicPartition
 
