@@ -301,3 +301,39 @@ def test_a_disk_failure_in_a_timeout_scan_step_takes_the_directory_offline(
     _scan_on_the_loop(b)
     b.run_until(lambda: not b.broker.coordination._steps)
     assert b.broker.storage_failure is not None and "Input/output error" in b.broker.storage_failure
+
+
+def test_a_client_gone_before_its_end_txn_ran_does_not_leave_the_step_undone(b: InProcessBroker) -> None:
+    """Found by the socket fuzz: EndTxn arrives and its connection is lost in the same pass, before
+    the event loop runs the task the request was handed to. The connection closes that awaitable
+    unrun. The step must already be under way: left undone, its id stayed pending for good, the
+    timeout scan skipped it, and the transaction's partitions (``__consumer_offsets`` in the fuzz)
+    kept their last stable offset below the high watermark forever."""
+    import asyncio
+    import gc
+    import warnings
+
+    from oncelog.server.connection import KafkaConnection
+    from tests.server.test_inline_handling import _frame, _Transport
+
+    pid, epoch = open_transaction(b)
+
+    async def scenario() -> None:
+        conn = KafkaConnection(b.broker)
+        conn.connection_made(_Transport())  # type: ignore[arg-type]
+        conn.data_received(_frame(API_END_TXN, 3, 7, {"transactional_id": TID, "producer_id": pid,
+                                                      "producer_epoch": epoch, "committed": True}))
+        conn.connection_lost(ConnectionResetError())
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        b.loop.run_until_complete(scenario())
+        gc.collect()
+    txn = b.broker.coordination.txn
+    b.run_until(lambda: TID not in txn.pending)
+    state = txn.state_of(TID)
+    assert state is not None and state.state is TransactionState.COMPLETE_COMMIT
+    assert b.visible_values(T, 0) == [b"p0", b"p0"] and b.visible_values(T, 1) == [b"p1", b"p1"]
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]

@@ -229,24 +229,30 @@ class Coordination:
         and durable, in its order, each fsync on the sync thread.
 
         The transactional id is pending from now until its last record is replayed (module doc). The
-        steps run as a task of their own: a client that hangs up (its request cancelled) does not
-        stop a step halfway, which would leave records in the log that were never replayed.
+        steps start now, as a task of their own, whether or not anyone awaits the answer: a client
+        that hangs up (its request cancelled) does not stop a step halfway, which would leave records
+        in the log that were never replayed; and a connection lost before its request's task ran
+        closes the returned awaitable unrun, which must not leave the step undone and the id
+        pending for good (the socket fuzz found that: the timeout scan skips a pending id, so its
+        transaction stayed open and its partitions' last stable offset stuck).
         """
         if not result.records and not result.markers:
             return answer(result)
-        self.txn.pending.add(transactional_id)
-        return self._answer_after(transactional_id, result, answer)
+        step = self.start_step(transactional_id, result)
+        assert step is not None
+        return self._answer_after(step, result, answer)
 
-    async def _answer_after(self, transactional_id: str, result: TxnResult, answer: Callable[[TxnResult], T]) -> T:
-        await asyncio.shield(asyncio.ensure_future(self._apply_durably(transactional_id, result)))
+    @staticmethod
+    async def _answer_after(step: asyncio.Task[None], result: TxnResult, answer: Callable[[TxnResult], T]) -> T:
+        await asyncio.shield(step)
         return answer(result)
 
     def start_step(self, transactional_id: str, result: TxnResult) -> asyncio.Task[None] | None:
-        """Carry out a step nobody awaits an answer for (the timeout scan) as :meth:`answer_when_durable`
-        does, in a task of its own on the running loop; None if the step changes nothing. The id is
-        pending until the step is done. A failure is the broker's: a disk that refuses takes the log
-        directory offline, anything else is logged (the step's records, if written, are replayed
-        at the next start, as after a crash)."""
+        """Carry out a step in a task of its own on the running loop (the timeout scan's, or a client's
+        under :meth:`answer_when_durable`); None if the step changes nothing. The id is pending until
+        the step is done. A failure is the broker's as well as any awaiting client's: a disk that
+        refuses takes the log directory offline, anything else is logged (the step's records, if
+        written, are replayed at the next start, as after a crash)."""
         if not result.records and not result.markers:
             return None
         self.txn.pending.add(transactional_id)
@@ -263,7 +269,7 @@ class Coordination:
         if isinstance(exc, fileio.StorageOfflineError):
             self.broker.storage_failed(exc)
         elif exc is not None:
-            log.error("a transaction step of the timeout scan failed", exc_info=exc)
+            log.error("a transaction step failed", exc_info=exc)
 
     async def _apply_durably(self, transactional_id: str, result: TxnResult) -> None:
         try:
