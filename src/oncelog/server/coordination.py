@@ -93,7 +93,7 @@ class Coordination:
             group_initial_rebalance_delay_ms=cfg.group_initial_rebalance_delay_ms,
             offsets_retention_ms=cfg.offsets_retention_minutes * 60_000)
         self._checkpoint_bytes: dict[str, int] = {}  # per internal partition: size of its last checkpoint
-        self._steps: set[asyncio.Task[None]] = set()  # steps of the timeout scan in flight (start_step)
+        self._steps: set[asyncio.Task[None]] = set()  # steps in flight (start_step: the timeout scan's and clients')
 
     # --- partitions of internal topics ---------------------------------------------------------
     def offsets_partition_for(self, group_id: str) -> tuple[str, int]:
