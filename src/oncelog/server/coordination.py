@@ -236,11 +236,8 @@ class Coordination:
         pending for good (the socket fuzz found that: the timeout scan skips a pending id, so its
         transaction stayed open and its partitions' last stable offset stuck).
         """
-        if not result.records and not result.markers:
-            return answer(result)
         step = self.start_step(transactional_id, result)
-        assert step is not None
-        return self._answer_after(step, result, answer)
+        return answer(result) if step is None else self._answer_after(step, result, answer)
 
     @staticmethod
     async def _answer_after(step: asyncio.Task[None], result: TxnResult, answer: Callable[[TxnResult], T]) -> T:
