@@ -299,6 +299,16 @@ def test_pipeline_rounds_rotate_the_guarantees_so_each_runs_first_once() -> None
     assert round_order(list(GUARANTEES), len(GUARANTEES)) == list(GUARANTEES)
 
 
+def test_the_copiers_transactions_are_as_large_as_the_micro_batches() -> None:
+    from oncelog.demo.pipeline_bench import copier_batch
+
+    assert copier_batch(500_000, 4_000_000) == 500_000  # was capped at 100,000: not the same unit
+    assert copier_batch(5_000, 4_000_000) == 5_000
+    assert copier_batch(0, 4_000_000) == 100_000  # one micro-batch: the copier still commits as it goes
+    assert copier_batch(0, 20_000) == 20_000
+    assert copier_batch(3_000_000, 4_000_000) == 1_000_000  # confluent-kafka's consume() limit
+
+
 def test_the_tables_written_into_a_file_keep_their_figures(capsys: pytest.CaptureFixture[str]) -> None:
     """Into a pipe or a log (``make bench > log``, CI), rich would lay the tables out in 80 columns
     and cut every figure to an ellipsis; the bench's console is wide there."""

@@ -66,8 +66,16 @@ SPARK_PHASES = ("triggerExecution", "latestOffset", "getBatch", "queryPlanning",
 WARM_UP_S = 2.0
 #: Records of the throughput run's warm-up query (fewer when the run itself has fewer).
 WARM_UP_RECORDS = 400_000
-#: The copier's largest transaction (one consume call) when the pipeline runs one batch (--max-offsets 0).
+#: The copier's largest transaction (one consume call) when the pipeline runs one batch (--max-offsets 0);
+#: otherwise each transaction is as large as a micro-batch, up to what one consume call returns.
 COPIER_MAX_BATCH = 100_000
+#: confluent-kafka's ``Consumer.consume`` refuses ``num_messages`` above this.
+CONSUME_MAX_MESSAGES = 1_000_000
+
+
+def copier_batch(max_offsets: int, records: int) -> int:
+    """The copier's transaction size for micro-batches of ``max_offsets`` (0: one batch of ``records``)."""
+    return min(max_offsets or min(records, COPIER_MAX_BATCH), CONSUME_MAX_MESSAGES)
 
 
 def fill(bootstrap: str, topic: str, records: int, size: int) -> None:
@@ -322,7 +330,7 @@ def measure_latency(spark: Any, bootstrap: str, who: str, work: Path, rate: int,
     copier: Any = None
     if who == "copier":
         copier = threading.Thread(target=lambda: copy_transactional(
-            bootstrap, src, out, int(rate * seconds), max_offsets or COPIER_MAX_BATCH, 0.05), daemon=True)
+            bootstrap, src, out, int(rate * seconds), copier_batch(max_offsets, int(rate * seconds)), 0.05), daemon=True)
     else:
         q = _query(spark, bootstrap, src, out, who, work / f"ck-{tag}", max_offsets, False)
     writer = threading.Thread(target=_stamped_producer, args=(bootstrap, src, rate, seconds, size, done, sent),
@@ -443,7 +451,7 @@ def _measure(bootstrap: str, records: int, size: int, max_offsets: int, guarante
     per_round: list[dict[str, Any]] = []
     timings: dict[str, Any] = {}
     latency: dict[str, Any] = {}
-    batch = min(max_offsets or records, COPIER_MAX_BATCH)
+    batch = copier_batch(max_offsets, records)
     try:
         for g in guarantees:  # each guarantee's own path (JVM and Python) warmed before any is timed
             run_one(spark, bootstrap, "bench-warm", g, work / "warm", min(max_offsets or warm_records, warm_records))
