@@ -329,8 +329,9 @@ def measure_latency(spark: Any, bootstrap: str, who: str, work: Path, rate: int,
     q: Any = None
     copier: Any = None
     if who == "copier":
+        n = int(rate * seconds)
         copier = threading.Thread(target=lambda: copy_transactional(
-            bootstrap, src, out, int(rate * seconds), copier_batch(max_offsets, int(rate * seconds)), 0.05), daemon=True)
+            bootstrap, src, out, n, copier_batch(max_offsets, n), 0.05), daemon=True)
     else:
         q = _query(spark, bootstrap, src, out, who, work / f"ck-{tag}", max_offsets, False)
     writer = threading.Thread(target=_stamped_producer, args=(bootstrap, src, rate, seconds, size, done, sent),
