@@ -1,4 +1,4 @@
-"""One client connection: frames in, responses out, one request at a time.
+"""One client connection: frames in, responses out, requests handled in order.
 
 Kafka processes a connection's requests strictly in order (the socket is muted while a request is
 in flight) and clients rely on responses arriving in request order. ``KafkaConnection`` keeps that
@@ -7,6 +7,12 @@ handling completes without waiting (most of them) are handled right in ``data_re
 that must wait (an fsync, a delayed fetch, a full send buffer, a throttle) a single task takes over
 the queue from that request on, and ``data_received`` only queues frames until that task has
 finished. Handling inline saves each request a task and a pass of the event loop.
+
+One kind of wait does not hold the queue: a request whose changes are all made and whose answer
+only waits for their fsync (``AnsweredWhenDurable``: a produce under ``flush_every_append``). The
+requests queued behind it are handled meanwhile, in order, and their answers are held until its
+answer has gone out. So a client that pipelines its produces shares one group-commit fsync among
+them. Handling still happens in request order; only the acknowledgements wait together.
 
 Memory a connection can hold, whatever the client does (the bound ``make test`` checks): one
 partial frame (at most ``socket_request_max_bytes``), the queued requests (reading pauses at
@@ -56,6 +62,7 @@ from oncelog.protocol.messages import (
 )
 from oncelog.protocol.versions import API_API_VERSIONS, api_name
 from oncelog.security.sasl_server_authenticator import SaslServerAuthenticator
+from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.handlers.sasl import handle_raw_token
 from oncelog.storage.fileio import StorageOfflineError
 
@@ -82,10 +89,19 @@ class _Pending:
         """Never to be awaited (the connection is gone before its task ran): close or cancel it, so
         that no coroutine is left unawaited and no future's exception unretrieved."""
         aw = self.awaitable
-        if inspect.iscoroutine(aw):
+        if inspect.iscoroutine(aw) or isinstance(aw, AnsweredWhenDurable):
             aw.close()
         elif isinstance(aw, asyncio.Future):
             aw.cancel()
+
+
+def _size(out: Any) -> int:
+    """Bytes an answer (or a request still waiting for its answer: none yet) holds."""
+    if type(out) is bytes:
+        return len(out)
+    if type(out) is list:
+        return sum(len(b) for b in out)
+    return 0
 
 
 class KafkaConnection(asyncio.Protocol):
@@ -113,6 +129,9 @@ class KafkaConnection(asyncio.Protocol):
         self._pending: list[Any] = []  # responses not yet handed to the transport (see _drain)
         self._pending_bytes = 0
         self._handoff: _Pending | None = None  # started by _drain_now, not yet taken up by its task
+        # Answers held back behind a request waiting for its fsync (see _drain) are bounded as the
+        # send buffer is: past this, the connection waits for the fsync before handling more.
+        self._ahead_max_bytes = max(cfg.socket_send_buffer_high_bytes, WRITE_BATCH_BYTES)
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -249,8 +268,16 @@ class KafkaConnection(asyncio.Protocol):
         frame = first_frame
         out: bytes | list[Any] | _Pending | None
         self._handoff = None  # taken up: cancelling this task now cancels its wait
+        # Requests handled while an earlier one waits for its fsync (AnsweredWhenDurable), with their
+        # frames, answered in order before anything else is answered or waited for.
+        ahead: deque[tuple[bytes, Any]] = deque()
+        ahead_bytes = 0
         while True:
             if first is None:
+                if ahead and (self.throttle_ms > 0 or not self.frames or self.closed or not self.writable.is_set()):
+                    if not await self._answer_ahead(ahead):
+                        return
+                    ahead_bytes = 0
                 if self.throttle_ms > 0:
                     # KIP-219: the response went out with its throttle time; mute until it has passed
                     # (frames arriving meanwhile are queued: this task is not done).
@@ -269,6 +296,15 @@ class KafkaConnection(asyncio.Protocol):
                 else:
                     frame = self._next_frame()
                     out = self._start_frame(frame)
+                size = _size(out)
+                if self._may_go_ahead(out, ahead) and ahead_bytes + size <= self._ahead_max_bytes:
+                    ahead.append((frame, out))
+                    ahead_bytes += size
+                    continue
+                if ahead:
+                    if not await self._answer_ahead(ahead):
+                        return
+                    ahead_bytes = 0
                 if isinstance(out, _Pending):
                     out = self._encode(out.request, await out.awaitable)
             except asyncio.CancelledError:
@@ -281,6 +317,43 @@ class KafkaConnection(asyncio.Protocol):
             if not self.frames or self._pending_bytes >= WRITE_BATCH_BYTES:
                 self._send_pending()
         self._send_pending()
+
+    def _may_go_ahead(self, out: Any, ahead: deque[tuple[bytes, Any]]) -> bool:
+        """Whether the request just started may wait in ``ahead`` while the next queued one is handled:
+        it only waits for an fsync (or it is answered already and something before it waits), more
+        requests are queued, and nothing (a throttle, a full send buffer, a last answer) says stop."""
+        if not self.frames or self.closed or self.throttle_ms > 0 or self.close_after_response or \
+                not self.writable.is_set() or len(ahead) >= self._max_frames:
+            return False
+        if isinstance(out, _Pending):
+            return isinstance(out.awaitable, AnsweredWhenDurable)
+        return bool(ahead)
+
+    async def _answer_ahead(self, ahead: deque[tuple[bytes, Any]]) -> bool:
+        """Answer, in request order, the requests handled while an earlier one waited for its fsync;
+        False when the connection is done (as ``_answered``). Whatever is left unawaited (cancelled,
+        failed, closed) is discarded: its changes stand, its answer is dropped with the connection."""
+        try:
+            while ahead:
+                frame, out = ahead[0]
+                if isinstance(out, _Pending):
+                    try:
+                        out = self._encode(out.request, await out.awaitable)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:
+                        ahead.popleft()
+                        self._failed(frame, exc)
+                        return False
+                ahead.popleft()
+                if not self._answered(out):
+                    return False
+            return True
+        finally:
+            for _frame, out in ahead:
+                if isinstance(out, _Pending):
+                    out.discard()
+            ahead.clear()
 
     def _answered(self, out: bytes | list[Any] | None) -> bool:
         """Queue a request's answer for writing; False when the connection is done (its last answer

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from oncelog.protocol import records
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request
+from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.authz import Op, R, allowed, create_topic_allowed, idempotent_write_allowed
 from oncelog.server.topics import ensure_topic
 from oncelog.storage import errors as storage_errors
@@ -130,7 +131,7 @@ def handle_produce(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[d
     response = None if body.acks == 0 else {"responses": responses, "throttle_time": throttle}
     if not durability:
         return response
-    return _after_durable(broker, durability, response)
+    return AnsweredWhenDurable(_after_durable(broker, durability, response))
 
 
 async def _after_durable(broker: Broker, durability: list[tuple[Any, int]],
