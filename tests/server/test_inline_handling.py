@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import socket
 import struct
 import warnings
 from pathlib import Path
+from typing import Any
 
+import pytest
 from confluent_kafka import Producer
 
 from oncelog.protocol.messages import build, encode_request, peek_header, request_type
+from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.connection import KafkaConnection
+from oncelog.server.handlers import produce as produce_handlers
 from oncelog.testing.broker_process import BrokerProcess, create_topic, oncelog_broker
 from tests.inproc import InProcessBroker
 from tests.server.test_raw_socket import _recv_exact
@@ -234,5 +239,53 @@ def test_a_connection_lost_while_pipelined_produces_wait_for_their_fsync_leaves_
         # connection goes are dropped with it (as Kafka drops a closed connection's requests).
         plog = ib.broker.logs.partitions()[(TOPIC, 0)]
         assert 5 * 2 <= plog.log_end_offset < 5 * 5 * 2
+    finally:
+        ib.close()
+
+
+def test_a_handler_failing_behind_produces_that_wait_for_their_fsync_leaves_nothing_unawaited(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A handler bug on a request queued behind waiting produces closes the connection (only it); the
+    produces' held answers are dropped with it, not left as coroutines nobody awaits."""
+    ib = InProcessBroker(tmp_path / "d", flush_every_append=True)
+    try:
+        ib.call(19, 5, {"topics": [{"name": TOPIC, "num_partitions": 1, "replication_factor": 1,
+                                    "assignments": [], "configs": []}], "timeout_ms": 5000, "validate_only": False})
+
+        def broken(broker: object, request: object) -> object:
+            raise RuntimeError("a handler bug")
+
+        ib.broker.handlers[3] = broken  # Metadata
+        made: list[AnsweredWhenDurable] = []
+
+        class Recorded(AnsweredWhenDurable):
+            __slots__ = ()
+
+            def __init__(self, coro: Any) -> None:
+                super().__init__(coro)
+                made.append(self)
+
+        monkeypatch.setattr(produce_handlers, "AnsweredWhenDurable", Recorded)
+
+        async def scenario() -> _Transport:
+            conn = KafkaConnection(ib.broker)
+            transport = _Transport()
+            conn.connection_made(transport)  # type: ignore[arg-type]
+            conn.data_received(_produce(1) + _produce(2) + _api_versions(3) + _metadata(4) + _produce(5))
+            for _ in range(50):
+                await asyncio.sleep(0.005)
+            return transport
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            transport = ib.loop.run_until_complete(scenario())
+            gc.collect()
+        assert transport.closed
+        assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+        # The log record of the failure keeps the frames alive, so a coroutine left unawaited would only
+        # warn much later: each one's state is checked instead.
+        assert len(made) == 2
+        assert all(inspect.getcoroutinestate(a._coro) == inspect.CORO_CLOSED for a in made)
+        assert ib.broker.logs.partitions()[(TOPIC, 0)].log_end_offset == 2 * 2  # produce 5 never handled
     finally:
         ib.close()

@@ -266,11 +266,19 @@ class KafkaConnection(asyncio.Protocol):
         full send buffer, a throttle) and before the connection closes, so batching never delays an
         answer behind a wait."""
         frame = first_frame
-        out: bytes | list[Any] | _Pending | None
         self._handoff = None  # taken up: cancelling this task now cancels its wait
         # Requests handled while an earlier one waits for its fsync (AnsweredWhenDurable), with their
         # frames, answered in order before anything else is answered or waited for.
         ahead: deque[tuple[bytes, Any]] = deque()
+        try:
+            await self._drain_queue(first, frame, ahead)
+        finally:
+            for _frame, held in ahead:  # a handler failed or the task was cancelled: nothing awaits them
+                if isinstance(held, _Pending):
+                    held.discard()
+
+    async def _drain_queue(self, first: _Pending | None, frame: bytes, ahead: deque[tuple[bytes, Any]]) -> None:
+        out: bytes | list[Any] | _Pending | None
         ahead_bytes = 0
         while True:
             if first is None:
@@ -301,10 +309,14 @@ class KafkaConnection(asyncio.Protocol):
                     ahead.append((frame, out))
                     ahead_bytes += size
                     continue
-                if ahead:
+                if ahead:  # this request is answered after them, the same way
+                    ahead.append((frame, out))
+                    ahead_bytes = 0
                     if not await self._answer_ahead(ahead):
                         return
-                    ahead_bytes = 0
+                    if not self.frames or self._pending_bytes >= WRITE_BATCH_BYTES:
+                        self._send_pending()
+                    continue
                 if isinstance(out, _Pending):
                     out = self._encode(out.request, await out.awaitable)
             except asyncio.CancelledError:
