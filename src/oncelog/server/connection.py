@@ -96,12 +96,13 @@ class _Pending:
 
 
 def _size(out: Any) -> int:
-    """Bytes an answer (or a request still waiting for its answer: none yet) holds."""
-    if type(out) is bytes:
-        return len(out)
+    """Bytes an answer holds: a frame, or a Fetch answer's buffers; none for no answer (acks=0) or a
+    request still waiting for its answer."""
     if type(out) is list:
         return sum(len(b) for b in out)
-    return 0
+    if out is None or isinstance(out, _Pending):
+        return 0
+    return len(out)
 
 
 class KafkaConnection(asyncio.Protocol):
@@ -273,7 +274,7 @@ class KafkaConnection(asyncio.Protocol):
         try:
             await self._drain_queue(first, frame, ahead)
         finally:
-            for _frame, held in ahead:  # a handler failed or the task was cancelled: nothing awaits them
+            for _frame, held in ahead:  # a handler failed, the task was cancelled or the connection is done
                 if isinstance(held, _Pending):
                     held.discard()
 
@@ -304,11 +305,12 @@ class KafkaConnection(asyncio.Protocol):
                 else:
                     frame = self._next_frame()
                     out = self._start_frame(frame)
-                size = _size(out)
-                if self._may_go_ahead(out, ahead) and ahead_bytes + size <= self._ahead_max_bytes:
-                    ahead.append((frame, out))
-                    ahead_bytes += size
-                    continue
+                if self._may_go_ahead(out, ahead):
+                    size = _size(out)
+                    if ahead_bytes + size <= self._ahead_max_bytes:
+                        ahead.append((frame, out))
+                        ahead_bytes += size
+                        continue
                 if ahead:  # this request is answered after them, the same way
                     ahead.append((frame, out))
                     ahead_bytes = 0
@@ -343,29 +345,24 @@ class KafkaConnection(asyncio.Protocol):
 
     async def _answer_ahead(self, ahead: deque[tuple[bytes, Any]]) -> bool:
         """Answer, in request order, the requests handled while an earlier one waited for its fsync;
-        False when the connection is done (as ``_answered``). Whatever is left unawaited (cancelled,
-        failed, closed) is discarded: its changes stand, its answer is dropped with the connection."""
-        try:
-            while ahead:
-                frame, out = ahead[0]
-                if isinstance(out, _Pending):
-                    try:
-                        out = self._encode(out.request, await out.awaitable)
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception as exc:
-                        ahead.popleft()
-                        self._failed(frame, exc)
-                        return False
-                ahead.popleft()
-                if not self._answered(out):
+        False when the connection is done (as ``_answered``). Whatever is left in ``ahead`` then
+        (cancelled, failed, closed) is discarded by ``_drain``: its changes stand, its answer is
+        dropped with the connection."""
+        while ahead:
+            frame, out = ahead[0]
+            if isinstance(out, _Pending):
+                try:
+                    out = self._encode(out.request, await out.awaitable)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    ahead.popleft()
+                    self._failed(frame, exc)
                     return False
-            return True
-        finally:
-            for _frame, out in ahead:
-                if isinstance(out, _Pending):
-                    out.discard()
-            ahead.clear()
+            ahead.popleft()
+            if not self._answered(out):
+                return False
+        return True
 
     def _answered(self, out: bytes | list[Any] | None) -> bool:
         """Queue a request's answer for writing; False when the connection is done (its last answer
