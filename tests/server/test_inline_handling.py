@@ -110,6 +110,14 @@ def test_connections_gone_right_after_a_request_that_waits_leave_no_trace(tmp_pa
             assert bad not in log, log[-3000:]
 
 
+def _in_process_with_topic(tmp_path: Path, **config: object) -> InProcessBroker:
+    """An in-process broker (no sockets: tests drive a KafkaConnection themselves) holding TOPIC."""
+    ib = InProcessBroker(tmp_path / "d", **config)
+    ib.call(19, 5, {"topics": [{"name": TOPIC, "num_partitions": 1, "replication_factor": 1,
+                                "assignments": [], "configs": []}], "timeout_ms": 5000, "validate_only": False})
+    return ib
+
+
 class _Transport:
     """Just enough of an asyncio transport for KafkaConnection, recording what is written."""
 
@@ -140,10 +148,8 @@ def test_a_connection_lost_in_the_same_pass_as_its_request_closes_the_handed_off
     """Deterministic form of the race the socket fuzz found: the request arrives and the connection is
     lost before the event loop runs the task the request was handed to (here the rest of a Fetch
     that waits for more than the topic holds). The coroutine must be closed, not left to warn 'never awaited'."""
-    ib = InProcessBroker(tmp_path / "d")
+    ib = _in_process_with_topic(tmp_path)
     try:
-        ib.call(19, 5, {"topics": [{"name": TOPIC, "num_partitions": 1, "replication_factor": 1,
-                                    "assignments": [], "configs": []}], "timeout_ms": 5000, "validate_only": False})
 
         async def scenario() -> tuple[list[bytes], bool]:
             conn = KafkaConnection(ib.broker)
@@ -173,10 +179,8 @@ def test_pipelined_produces_that_wait_for_their_fsync_share_it_and_keep_their_or
     fsync are handled meanwhile, so one group-commit fsync covers them, and every answer still goes
     out in request order. Handled one at a time, each request paid an fsync of its own, and a client
     at 2,000 records/s waited a second and more for its acknowledgements."""
-    ib = InProcessBroker(tmp_path / "d", flush_every_append=True)
+    ib = _in_process_with_topic(tmp_path, flush_every_append=True)
     try:
-        ib.call(19, 5, {"topics": [{"name": TOPIC, "num_partitions": 1, "replication_factor": 1,
-                                    "assignments": [], "configs": []}], "timeout_ms": 5000, "validate_only": False})
         broker = ib.broker
         syncs = []
         real_sync_once = broker._sync_once
@@ -214,10 +218,8 @@ def test_a_connection_lost_while_pipelined_produces_wait_for_their_fsync_leaves_
     """The produces handled before the loss are appended (their records stay; the client gets no
     answer, as after any lost connection); the answers held behind the fsync are dropped without a
     coroutine left unawaited, whichever pass the connection is lost in."""
-    ib = InProcessBroker(tmp_path / "d", flush_every_append=True)
+    ib = _in_process_with_topic(tmp_path, flush_every_append=True)
     try:
-        ib.call(19, 5, {"topics": [{"name": TOPIC, "num_partitions": 1, "replication_factor": 1,
-                                    "assignments": [], "configs": []}], "timeout_ms": 5000, "validate_only": False})
 
         async def scenario(lose_after: int) -> None:
             conn = KafkaConnection(ib.broker)
@@ -247,10 +249,8 @@ def test_a_handler_failing_behind_produces_that_wait_for_their_fsync_leaves_noth
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A handler bug on a request queued behind waiting produces closes the connection (only it); the
     produces' held answers are dropped with it, not left as coroutines nobody awaits."""
-    ib = InProcessBroker(tmp_path / "d", flush_every_append=True)
+    ib = _in_process_with_topic(tmp_path, flush_every_append=True)
     try:
-        ib.call(19, 5, {"topics": [{"name": TOPIC, "num_partitions": 1, "replication_factor": 1,
-                                    "assignments": [], "configs": []}], "timeout_ms": 5000, "validate_only": False})
 
         def broken(broker: object, request: object) -> object:
             raise RuntimeError("a handler bug")
