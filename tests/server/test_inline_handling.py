@@ -255,7 +255,8 @@ def test_a_handler_failing_behind_produces_that_wait_for_their_fsync_leaves_noth
         def broken(broker: object, request: object) -> object:
             raise RuntimeError("a handler bug")
 
-        ib.broker.handlers[3] = broken  # Metadata
+        # The handler table is shared by every broker in the process: restored after the test.
+        monkeypatch.setitem(ib.broker.handlers, 3, broken)  # Metadata
         made: list[AnsweredWhenDurable] = []
 
         class Recorded(AnsweredWhenDurable):
