@@ -48,10 +48,16 @@ class GroupCommit:
     """Broker's group-commit methods on a stand-in (no sockets, no log dir)."""
 
     durable = Broker.durable
-    _sync_once = Broker._sync_once
+    synced_future = Broker.synced_future
+    _want_sync = Broker._want_sync
+    _schedule_rounds = Broker._schedule_rounds
+    _start_rounds = Broker._start_rounds
+    _synced = Broker._synced
 
     def __init__(self, rng: random.Random, log: FakeLog) -> None:
         self._syncing: dict[str, Any] = {}
+        self._wanted: dict[str, Any] = {}
+        self._rounds_scheduled = False
         self.rng = rng
         self.log = log
         self.failed: list[BaseException] = []
@@ -161,3 +167,110 @@ def test_an_fsync_failure_reaches_every_waiter(monkeypatch: pytest.MonkeyPatch) 
     results = run_in_thread(main, 10)
     assert all(isinstance(r, fileio.StorageOfflineError) for r in results), results
     assert len(gc.failed) == 1 and log.synced_end == 0
+
+
+class RoundLog(FakeLog):
+    """A log of its own name that asserts it is never planned again before its fsync is recorded."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.in_round = False
+        self.planned_end = 0
+        self.fsynced_end = 0  # what the (fake) disk holds: set by the fsync itself
+
+    def plan_sync(self) -> tuple[int, list[Any]]:
+        assert not self.in_round, f"{self.name} planned while its last fsync is not recorded"
+        self.in_round = True
+        self.planned_end = self.log_end
+        return self.log_end, [self]
+
+    def mark_synced(self, end: int) -> None:
+        assert self.in_round
+        self.in_round = False
+        super().mark_synced(end)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_each_log_has_one_fsync_at_a_time_and_different_logs_sync_side_by_side(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Producers append to several logs at once (as a transaction step or a pipelining client does)
+    and wait for each: every wait returns once the disk holds its records, a log is never planned
+    again before its fsync is recorded, appends share fsyncs, and fsyncs of different logs overlap."""
+    rng = random.Random(seed)
+    logs = [RoundLog(f"t-{i}") for i in range(4)]
+    gc = GroupCommit(rng, logs[0])
+    gc._sync_executor = ThreadPoolExecutor(4)
+    running: set[str] = set()
+    overlap = [0]
+    lock = threading.Lock()
+
+    def fsync(fds: list[Any]) -> None:
+        (log,) = fds
+        with lock:
+            running.add(log.name)
+            overlap[0] = max(overlap[0], len(running))
+        time.sleep(rng.random() * 0.001)
+        log.fsyncs += 1
+        log.fsynced_end = log.planned_end
+        with lock:
+            running.discard(log.name)
+
+    monkeypatch.setattr("oncelog.server.broker._fsync_and_close", fsync)
+    acked: list[tuple[str, int, int]] = []
+
+    async def producer() -> None:
+        for _ in range(30):
+            chosen = rng.sample(logs, rng.randint(1, len(logs)))
+            marks = []
+            for log in chosen:
+                log.log_end += 1
+                marks.append((log, log.log_end))
+            await asyncio.gather(*(gc.durable(log, offset) for log, offset in marks))
+            acked.extend((log.name, offset, log.fsynced_end) for log, offset in marks)
+            if rng.random() < 0.5:
+                await asyncio.sleep(0)
+
+    async def main() -> None:
+        await asyncio.gather(*(producer() for _ in range(20)))
+
+    run_in_thread(main, 30)
+    assert all(fsynced >= offset for _, offset, fsynced in acked), "acknowledged before its fsync"
+    assert not any(log.in_round for log in logs)
+    fsyncs = sum(log.fsyncs for log in logs)
+    assert fsyncs < len(acked) / 2, f"{fsyncs} fsyncs for {len(acked)} appends: not shared"
+    assert overlap[0] > 1, "the fsyncs of different logs never ran side by side"
+
+
+def test_a_failed_fsync_reaches_its_waiters_and_later_fsyncs_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One log's fsync fails: the broker is told once, that log's waiters get the error (the
+    directory is offline), the other log, fsynced, is answered, and nothing is left behind for
+    later callers."""
+    logs = [RoundLog("t-0"), RoundLog("t-1")]
+    gc = GroupCommit(random.Random(0), logs[0])
+    fail = {"t-1"}
+
+    def fsync(fds: list[Any]) -> None:
+        time.sleep(0.005)
+        if fds[0].name in fail:
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr("oncelog.server.broker._fsync_and_close", fsync)
+
+    async def main() -> tuple[list[Any], int]:
+        for log in logs:
+            log.log_end = 2
+        results = await asyncio.gather(*(gc.durable(log, 2) for log in logs for _ in range(3)),
+                                       return_exceptions=True)
+        assert not gc._syncing and not gc._wanted
+        fail.clear()
+        logs[1].in_round = False  # a failed round records nothing; the broker would have stopped
+        logs[0].log_end = 3
+        await gc.durable(logs[0], 3)
+        return results, logs[0].synced_end
+
+    results, synced = run_in_thread(main, 10)
+    assert results[:3] == [None] * 3, results
+    assert all(isinstance(r, fileio.StorageOfflineError) for r in results[3:]), results
+    assert len(gc.failed) == 1
+    assert synced == 3

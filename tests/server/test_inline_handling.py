@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import inspect
+import os
 import socket
 import struct
 import warnings
@@ -21,6 +21,7 @@ from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.connection import KafkaConnection
 from oncelog.server.handlers import produce as produce_handlers
 from oncelog.testing.broker_process import BrokerProcess, create_topic, oncelog_broker
+from tests.fsync_gate import FsyncGate
 from tests.inproc import InProcessBroker
 from tests.server.test_raw_socket import _recv_exact
 from tests.storage.helpers import batch
@@ -183,13 +184,13 @@ def test_pipelined_produces_that_wait_for_their_fsync_share_it_and_keep_their_or
     try:
         broker = ib.broker
         syncs = []
-        real_sync_once = broker._sync_once
+        real_synced = broker._synced
 
-        async def counted(plog: object) -> None:
+        def counted(plog: Any, *args: Any) -> None:
             syncs.append(plog)
-            await real_sync_once(plog)
+            real_synced(plog, *args)
 
-        broker._sync_once = counted  # type: ignore[method-assign]
+        broker._synced = counted  # type: ignore[method-assign]
         frames = [_produce(1), _produce(2), _api_versions(3), _produce(4), _metadata(5), _produce(6, acks=0),
                   _produce(7, acks=1)] + [_produce(c) for c in range(8, 30)] + [_api_versions(30)]
         expected = [c for c in range(1, 31) if c != 6]  # acks=0: no answer
@@ -275,8 +276,8 @@ def test_a_handler_failing_behind_produces_that_wait_for_their_fsync_leaves_noth
         class Recorded(AnsweredWhenDurable):
             __slots__ = ()
 
-            def __init__(self, coro: Any) -> None:
-                super().__init__(coro)
+            def __init__(self, *args: Any) -> None:
+                super().__init__(*args)
                 made.append(self)
 
         monkeypatch.setattr(produce_handlers, "AnsweredWhenDurable", Recorded)
@@ -296,10 +297,97 @@ def test_a_handler_failing_behind_produces_that_wait_for_their_fsync_leaves_noth
             gc.collect()
         assert transport.closed
         assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
-        # The log record of the failure keeps the frames alive, so a coroutine left unawaited would only
-        # warn much later: each one's state is checked instead.
+        # Nothing runs for a held answer until it is awaited; the fsyncs its handler asked for ran
+        # (the group commit is idle again, its records durable).
         assert len(made) == 2
-        assert all(inspect.getcoroutinestate(a._coro) == inspect.CORO_CLOSED for a in made)
+        assert not ib.broker._wanted and not ib.broker._syncing
+        assert all(a.durable_now() for a in made)
         assert ib.broker.logs.partitions()[(TOPIC, 0)].log_end_offset == 2 * 2  # produce 5 never handled
+    finally:
+        ib.close()
+
+
+def test_produces_arriving_while_one_waits_for_its_fsync_are_appended_before_it_is_answered(
+        tmp_path: Path) -> None:
+    """The first produce's fsync is held. Produces that arrive meanwhile, one read at a time, are
+    appended at once (so the next group commit covers them) instead of queueing until the first is
+    answered; every answer still goes out in request order, and none before its records' fsync."""
+    ib = _in_process_with_topic(tmp_path, flush_every_append=True)
+    gate = FsyncGate()
+    try:
+        plog = ib.broker.logs.partitions()[(TOPIC, 0)]
+        synced_when_answered: dict[int, int] = {}
+
+        class Recording(_Transport):
+            def writelines(self, data: list[bytes]) -> None:
+                super().writelines(data)
+                for f in data:
+                    synced_when_answered[struct.unpack(">i", bytes(f[4:8]))[0]] = plog.synced_end
+
+        async def scenario() -> tuple[list[int], list[int], list[int]]:
+            conn = KafkaConnection(ib.broker)
+            transport = Recording()
+            conn.connection_made(transport)  # type: ignore[arg-type]
+            gate.hold(TOPIC)
+            conn.data_received(_produce(1))
+            while not gate.reached.is_set():
+                await asyncio.sleep(0.001)
+            ends = []
+            for corr in (2, 3, 4):  # each arrives in a read of its own while the first waits
+                conn.data_received(_produce(corr))
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                ends.append(plog.log_end_offset)
+            answered_while_held = [struct.unpack(">i", f[4:8])[0] for f in transport.written]
+            gate.release()
+            for _ in range(500):
+                if len(transport.written) >= 4:
+                    break
+                await asyncio.sleep(0.01)
+            return ends, answered_while_held, [struct.unpack(">i", f[4:8])[0] for f in transport.written]
+
+        ends, answered_while_held, answered = ib.loop.run_until_complete(scenario())
+        assert ends == [4, 6, 8], "a produce that arrived while the first waited was not appended meanwhile"
+        assert answered_while_held == []
+        assert answered == [1, 2, 3, 4]
+        for corr in (1, 2, 3, 4):
+            assert synced_when_answered[corr] >= 2 * corr, (corr, synced_when_answered)
+    finally:
+        gate.close()
+        ib.close()
+
+
+def test_a_failed_fsync_under_a_waiting_produce_closes_the_connection(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk refuses the fsync a held produce waits for: the log directory goes offline, and the
+    connection, which listens for new requests while it waits, stops waiting and closes (it does not
+    keep asking for fsyncs of an offline log)."""
+    ib = _in_process_with_topic(tmp_path, flush_every_append=True)
+    try:
+        def failing(fds: list[Any]) -> None:
+            for fd in fds:
+                if not isinstance(fd, Path):
+                    os.close(fd)
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr("oncelog.server.broker._fsync_and_close", failing)
+        stopped: list[bool] = []
+        ib.broker.on_storage_failure = lambda: stopped.append(True)
+
+        async def scenario() -> _Transport:
+            conn = KafkaConnection(ib.broker)
+            transport = _Transport()
+            conn.connection_made(transport)  # type: ignore[arg-type]
+            conn.data_received(_produce(1))
+            for _ in range(200):
+                if transport.closed:
+                    break
+                await asyncio.sleep(0.005)
+            return transport
+
+        transport = ib.loop.run_until_complete(scenario())
+        assert transport.closed, "the connection kept waiting on an offline log"
+        assert transport.written == []  # never acknowledged
+        assert ib.broker.storage_failure is not None and stopped
     finally:
         ib.close()

@@ -2,29 +2,64 @@
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Generator
-from typing import Any
+import asyncio
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from oncelog.server.broker import Broker
 
 
 class AnsweredWhenDurable:
     """A handler's answer whose request has made every change it will make (its records are
     appended, its state updated): only the acknowledgement waits, for the fsync that makes those
-    changes durable (``flush_every_append``, ``flush.messages``).
+    changes durable (``flush_every_append``, ``flush.messages``): each ``(log, offset)`` of
+    ``durability`` synced below its offset (``Broker.durable``, a group commit).
 
     Invariant the handler keeps: awaiting it changes nothing but the time the answer goes out. So a
-    connection may handle the requests queued after it while it waits; their answers still go out in
-    request order, after this one (``KafkaConnection._drain``). A client that pipelines its produce
-    requests then shares one group-commit fsync among them instead of paying one fsync a request.
+    connection may handle the requests queued after it, and the ones that arrive while it waits;
+    their answers still go out in request order, after this one (``KafkaConnection._drain``). A
+    client that pipelines its produce requests then shares group-commit fsyncs among them instead of
+    paying one fsync a request.
+
+    Awaiting it returns ``response`` at once when the logs are already synced that far (a group
+    commit has covered it), without a coroutine; otherwise it waits for ``Broker.durable``. Nothing
+    runs for it until then: the produce handler has already asked for the fsync
+    (``Broker.sync_soon``). A connection that wants to handle new requests while it waits uses
+    :meth:`round_future` instead, which needs no task.
     """
 
-    __slots__ = ("_coro",)
+    __slots__ = ("_broker", "_durability", "response")
 
-    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
-        self._coro = coro
+    def __init__(self, broker: Broker, durability: list[tuple[Any, int]], response: Any) -> None:
+        self._broker = broker
+        self._durability = durability
+        self.response = response
+
+    def durable_now(self) -> bool:
+        """Whether every change it answers for is durable already (awaiting it would not wait)."""
+        return all(plog.synced_end >= offset for plog, offset in self._durability)
+
+    async def _wait(self) -> Any:
+        for plog, offset in self._durability:
+            await self._broker.durable(plog, offset)
+        return self.response
+
+    def round_future(self) -> asyncio.Future[None] | None:
+        """None when :meth:`durable_now`; else a future that is done when a group-commit round has
+        moved it on (one log of it further synced, or its disk failed): ask again then. Waiting on
+        it needs no task of its own, so a connection can wait for it beside new requests."""
+        for plog, offset in self._durability:
+            fut = self._broker.synced_future(plog, offset)
+            if fut is not None:
+                return fut
+        return None
 
     def __await__(self) -> Generator[Any, None, Any]:
-        return self._coro.__await__()
+        if self.durable_now():
+            return self.response
+        return (yield from self._wait().__await__())
 
     def close(self) -> None:
-        """Never to be awaited (the connection is gone): the changes stand, the answer is dropped."""
-        self._coro.close()
+        """Never to be awaited (the connection is gone): the changes stand, the answer is dropped.
+        Nothing runs for it until awaited, so there is nothing to stop."""

@@ -38,7 +38,20 @@ TopicPartition = tuple[str, int]
 
 def _ignore_result(task: asyncio.Future[None]) -> None:
     if not task.cancelled():
-        task.exception()  # retrieved: the failure was recorded by ``_sync_once``
+        task.exception()  # retrieved: the failure was recorded by ``_synced``
+
+
+def _call_back_on(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
+    """From a worker thread: run ``callback(*args)`` on ``loop`` (nothing if the loop is closed)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback, *args)
+
+
+def _close_all(fds: list[int | Path]) -> None:
+    for fd in fds:
+        if not isinstance(fd, Path):
+            with contextlib.suppress(OSError):
+                fileio.fs.close(fd)
 
 
 def _fsync_and_close(fds: list[int | Path]) -> None:
@@ -106,7 +119,11 @@ class Broker:
         self._sync_executor = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="oncelog-sync")
         # And one that reads log pages a fetch needs into the page cache (``read_into_cache``).
         self._read_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-read")
-        self._syncing: dict[str, asyncio.Future[None]] = {}  # one group-commit task per log
+        # Group commit (``durable``): the logs whose fsync runs now (each with its planned end and the
+        # future its waiters wait on), and the logs wanted for their next one (each with its future).
+        self._syncing: dict[str, tuple[int, asyncio.Future[None]]] = {}
+        self._wanted: dict[str, tuple[Any, asyncio.Future[None]]] = {}
+        self._rounds_scheduled = False
         self._unsynced_bytes: dict[str, int] = {}  # per log: transactional bytes since sync_behind last started one
         self.produce_quota = QuotaManager(config.quota_producer_default)
         self.fetch_quota = QuotaManager(config.quota_consumer_default)
@@ -301,24 +318,24 @@ class Broker:
     async def durable(self, plog: Any, offset: int) -> None:
         """Return once ``plog`` is fsynced below ``offset`` (flush_every_append acknowledgements).
 
-        Group commit: the fsync runs on the sync thread, never on the event loop, and one fsync
-        covers every append made before it started, so concurrent producers share it. Raises
+        Group commit: a log wanted (here, or earlier by ``sync_soon`` when the records were appended)
+        has its fsync started one pass of the event loop later (``_start_rounds``), on a sync thread,
+        never on the event loop; it plans the log's end then, so it covers every append made before,
+        of every producer. When it returns, the log's synced end is recorded, and only then are its
+        waiters resumed. A log has at most one fsync running: one wanted meanwhile starts right after
+        it. Different logs' fsyncs run side by side, so a slow one never holds another. Raises
         StorageOfflineError if the disk refuses (the log directory goes offline, the broker stops).
         """
-        while plog.synced_end < offset:
-            task = self._syncing.get(plog.name)
-            if task is None:
-                task = asyncio.ensure_future(self._sync_once(plog))
-                self._syncing[plog.name] = task
-            # Every waiter resumes only once the sync task has finished, its mark_synced included:
-            # awaiting a bare executor future here let a waiter spin on a done future (``await`` of
-            # a done future does not yield) before the task that started it could record the result.
-            await asyncio.shield(task)
+        while (fut := self.synced_future(plog, offset)) is not None:
+            # Every waiter resumes only once the round has recorded the log's synced end: awaiting a
+            # bare executor future here let a waiter spin on a done future (``await`` of a done
+            # future does not yield) before the task that started it could record the result.
+            await asyncio.shield(fut)
 
     def sync_behind(self, plog: Any, nbytes: int) -> None:
         """After ``nbytes`` of transactional data were appended to ``plog``: once at least
-        SYNC_BEHIND_BYTES are unsynced there, start a group-commit fsync of it unless one is
-        running. So a transaction's data is mostly durable before its commit, whose PrepareCommit
+        SYNC_BEHIND_BYTES are unsynced there, ask the next group-commit round for it unless it is
+        in one. So a transaction's data is mostly durable before its commit, whose PrepareCommit
         must wait for all of it, and the fsyncs stay few and large (one per append would slow the
         appends themselves). Never waits; a failure takes the log directory offline as in
         :meth:`durable`. Outside an event loop (a handler called directly) it does nothing: it only
@@ -328,31 +345,93 @@ class Broker:
             self._unsynced_bytes[plog.name] = unsynced
             return
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:
             return
         self._unsynced_bytes.pop(plog.name, None)
         if plog.synced_end < plog.log_end_offset:
-            task = loop.create_task(self._sync_once(plog))
-            self._syncing[plog.name] = task
-            task.add_done_callback(_ignore_result)
+            self._want_sync(plog)
 
-    async def _sync_once(self, plog: Any) -> None:
-        """One group-commit fsync of ``plog`` (everything appended before it was planned)."""
+    def synced_future(self, plog: Any, offset: int) -> asyncio.Future[None] | None:
+        """None if ``plog`` is fsynced below ``offset`` already; else the future of the round that
+        the wait is on now (it may end before ``offset`` is covered: ask again then). For a caller
+        that waits beside something else (a connection listening for new requests)."""
+        if plog.synced_end >= offset:
+            return None
+        in_flight = self._syncing.get(plog.name)
+        return in_flight[1] if in_flight is not None and in_flight[0] >= offset else self._want_sync(plog)
+
+    def sync_soon(self, plog: Any) -> None:
+        """Ask the next group-commit round for ``plog`` now, before anyone awaits :meth:`durable`
+        for it: a connection awaits its answers in request order, so without this a pipelining
+        client's later partitions would each start a round only when their turn came. Never waits;
+        outside an event loop it does nothing."""
         try:
-            end, fds = plog.plan_sync()
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._want_sync(plog)
+
+    def _want_sync(self, plog: Any) -> asyncio.Future[None]:
+        """The future of the next round of ``plog`` (which a later pass of the event loop starts)."""
+        wanted = self._wanted.get(plog.name)
+        if wanted is not None:
+            return wanted[1]
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        fut.add_done_callback(_ignore_result)  # sync_behind's rounds have no waiter
+        self._wanted[plog.name] = (plog, fut)
+        if plog.name not in self._syncing:
+            self._schedule_rounds(loop)
+        return fut
+
+    def _schedule_rounds(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._rounds_scheduled:
+            self._rounds_scheduled = True
+            loop.call_soon(self._start_rounds)
+
+    def _start_rounds(self) -> None:
+        """Start the fsync of every wanted log that is in no round now: each log's own job on the
+        sync threads (fsyncs of different logs run side by side), planned here, so it covers every
+        append made before this pass; ``_synced`` records it back on the loop."""
+        self._rounds_scheduled = False
+        loop = asyncio.get_running_loop()
+        for name, (plog, fut) in list(self._wanted.items()):
+            if name in self._syncing:
+                continue
+            del self._wanted[name]
             try:
-                await asyncio.get_running_loop().run_in_executor(self._sync_executor, _fsync_and_close, fds)
-            except OSError as exc:
+                end, fds = plog.plan_sync()
+            except Exception as exc:  # offline already (StorageOfflineError)
+                fut.set_exception(exc)
+                continue
+            self._syncing[name] = (end, fut)
+            try:
+                job = self._sync_executor.submit(_fsync_and_close, fds)
+            except RuntimeError as exc:  # the broker is closing: its sync threads are gone
+                _close_all(fds)
+                self._syncing.pop(name, None)
+                fut.set_exception(exc)
+                continue
+            job.add_done_callback(functools.partial(_call_back_on, loop, self._synced, plog, end, fut))
+
+    def _synced(self, plog: Any, end: int, fut: asyncio.Future[None], job: concurrent.futures.Future[None]) -> None:
+        """A log's fsync returned (on the loop again): record its synced end, then resolve its waiters."""
+        self._syncing.pop(plog.name, None)
+        error = job.exception()
+        if error is None:
+            plog.mark_synced(end)
+            fut.set_result(None)
+        else:
+            if isinstance(error, OSError):
                 try:
-                    plog.sync_failed(exc)
+                    plog.sync_failed(error)  # takes the log directory offline
                 except fileio.StorageOfflineError as offline:
                     self.storage_failed(offline)
-                    raise
-                raise
-            plog.mark_synced(end)
-        finally:
-            self._syncing.pop(plog.name, None)
+                    error = offline
+            fut.set_exception(error)
+        if plog.name in self._wanted:
+            self._schedule_rounds(asyncio.get_running_loop())
 
     def _flush_finished(self, flush_pass: Any, _future: Any = None) -> None:
         try:

@@ -40,6 +40,7 @@ sets ``close_after_response`` to send one last answer (a refused login) and clos
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import time
@@ -95,6 +96,11 @@ class _Pending:
             aw.cancel()
 
 
+def _wake(waiter: asyncio.Future[None], _done: Any = None) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 def _size(out: Any) -> int:
     """Bytes an answer holds: a frame, or a Fetch answer's buffers; none for no answer (acks=0) or a
     request still waiting for its answer."""
@@ -130,6 +136,9 @@ class KafkaConnection(asyncio.Protocol):
         self._pending: list[Any] = []  # responses not yet handed to the transport (see _drain)
         self._pending_bytes = 0
         self._handoff: _Pending | None = None  # started by _drain_now, not yet taken up by its task
+        # Set while the drain task waits for a held answer's fsync and would handle new requests
+        # meanwhile: data_received resolves it when frames arrive (see _answer_ahead).
+        self._arrival: asyncio.Future[None] | None = None
         # Answers held back behind a request waiting for its fsync (see _drain) are bounded as the
         # send buffer is: past this, the connection waits for the fsync before handling more.
         self._ahead_max_bytes = max(cfg.socket_send_buffer_high_bytes, WRITE_BATCH_BYTES)
@@ -197,6 +206,8 @@ class KafkaConnection(asyncio.Protocol):
         self._update_reading()
         if self.task is None or self.task.done():
             self._drain_now()
+        elif self._arrival is not None and not self._arrival.done():
+            self._arrival.set_result(None)  # the task waits for an fsync: it handles these meanwhile
 
     def _update_reading(self) -> None:
         """Read while the queue is short, the broker has room and the client takes its responses."""
@@ -284,9 +295,11 @@ class KafkaConnection(asyncio.Protocol):
         while True:
             if first is None:
                 if ahead and (self.throttle_ms > 0 or not self.frames or self.closed or not self.writable.is_set()):
-                    if not await self._answer_ahead(ahead):
+                    # Nothing queued: wait for the held answers, and handle what arrives meanwhile.
+                    answered = await self._answer_ahead(ahead, listen=not self.frames and self._may_hold_more(ahead))
+                    if answered is False:
                         return
-                    ahead_bytes = 0
+                    ahead_bytes = sum(_size(held) for _, held in ahead)
                 if self.throttle_ms > 0:
                     # KIP-219: the response went out with its throttle time; mute until it has passed
                     # (frames arriving meanwhile are queued: this task is not done).
@@ -314,7 +327,7 @@ class KafkaConnection(asyncio.Protocol):
                 if ahead:  # this request is answered after them, the same way
                     ahead.append((frame, out))
                     ahead_bytes = 0
-                    if not await self._answer_ahead(ahead):
+                    if not await self._answer_ahead(ahead, listen=False):
                         return
                     if not self.frames or self._pending_bytes >= WRITE_BATCH_BYTES:
                         self._send_pending()
@@ -332,25 +345,37 @@ class KafkaConnection(asyncio.Protocol):
                 self._send_pending()
         self._send_pending()
 
+    def _may_hold_more(self, ahead: deque[tuple[bytes, Any]]) -> bool:
+        """Whether nothing (a throttle, a full send buffer, a last answer, the bound on held
+        requests) stops the connection from handling another request while answers are held."""
+        return not (self.closed or self.throttle_ms > 0 or self.close_after_response or
+                    not self.writable.is_set() or len(ahead) >= self._max_frames)
+
     def _may_go_ahead(self, out: Any, ahead: deque[tuple[bytes, Any]]) -> bool:
-        """Whether the request just started may wait in ``ahead`` while the next queued one is handled:
-        it only waits for an fsync (or it is answered already and something before it waits), more
-        requests are queued, and nothing (a throttle, a full send buffer, a last answer) says stop."""
-        if not self.frames or self.closed or self.throttle_ms > 0 or self.close_after_response or \
-                not self.writable.is_set() or len(ahead) >= self._max_frames:
+        """Whether the request just started may wait in ``ahead`` while later ones are handled (the
+        ones queued now, and the ones that arrive while it waits): it only waits for an fsync (or it
+        is answered already and something before it waits), and ``_may_hold_more``."""
+        if not self._may_hold_more(ahead):
             return False
         if isinstance(out, _Pending):
             return isinstance(out.awaitable, AnsweredWhenDurable)
         return bool(ahead)
 
-    async def _answer_ahead(self, ahead: deque[tuple[bytes, Any]]) -> bool:
+    async def _answer_ahead(self, ahead: deque[tuple[bytes, Any]], *, listen: bool) -> bool | None:
         """Answer, in request order, the requests handled while an earlier one waited for its fsync;
-        False when the connection is done (as ``_answered``). Whatever is left in ``ahead`` then
-        (cancelled, failed, closed) is discarded by ``_drain``: its changes stand, its answer is
-        dropped with the connection."""
+        False when the connection is done (as ``_answered``). With ``listen``, a wait for a held
+        answer's fsync also ends when new requests arrive: then None, with the rest still held, so
+        that the caller handles the new ones meanwhile (their appends join the next group commit
+        instead of waiting for this one to be answered). Whatever is left in ``ahead`` when the
+        connection is done (cancelled, failed, closed) is discarded by ``_drain``: its changes
+        stand, its answer is dropped with the connection."""
         while ahead:
             frame, out = ahead[0]
             if isinstance(out, _Pending):
+                aw = out.awaitable
+                if listen and isinstance(aw, AnsweredWhenDurable) and not aw.durable_now() and \
+                        self._may_hold_more(ahead) and not await self._fsynced_or_arrived(aw):
+                    return None
                 try:
                     out = self._encode(out.request, await out.awaitable)
                 except asyncio.CancelledError:
@@ -362,6 +387,25 @@ class KafkaConnection(asyncio.Protocol):
             ahead.popleft()
             if not self._answered(out):
                 return False
+        return True
+
+    async def _fsynced_or_arrived(self, aw: AnsweredWhenDurable) -> bool:
+        """Wait until ``aw`` may be answered (True) or new requests are queued (False)."""
+        while (fut := aw.round_future()) is not None:
+            waiter = asyncio.get_running_loop().create_future()
+            wake = functools.partial(_wake, waiter)
+            fut.add_done_callback(wake)
+            self._arrival = waiter
+            try:
+                await waiter
+            finally:
+                self._arrival = None
+                fut.remove_done_callback(wake)
+            if not fut.done():
+                if self.frames:
+                    return False
+            elif fut.cancelled() or fut.exception() is not None:
+                return True  # the fsync failed: awaiting the answer raises it (the disk is offline)
         return True
 
     def _answered(self, out: bytes | list[Any] | None) -> bool:

@@ -131,11 +131,6 @@ def handle_produce(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[d
     response = None if body.acks == 0 else {"responses": responses, "throttle_time": throttle}
     if not durability:
         return response
-    return AnsweredWhenDurable(_after_durable(broker, durability, response))
-
-
-async def _after_durable(broker: Broker, durability: list[tuple[Any, int]],
-                         response: dict[str, Any] | None) -> dict[str, Any] | None:
-    for plog, offset in durability:
-        await broker.durable(plog, offset)
-    return response
+    for plog, _ in durability:
+        broker.sync_soon(plog)
+    return AnsweredWhenDurable(broker, durability, response)
