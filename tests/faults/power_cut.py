@@ -8,16 +8,28 @@ was not fsynced, as a power cut would. Each round:
 2. run several transactional producers (confluent-kafka), each transaction writing one value to each
    of 2-4 partitions of 2+ topics; a random fraction is aborted on purpose (after flushing its records
    to the broker, so the aborted data really is in the log); record which transactions were
-   acknowledged committed (``commit_transaction`` returned) or aborted;
+   acknowledged committed (``commit_transaction`` returned) or aborted. Beside them one plain
+   idempotent producer (``enable.idempotence``, ``acks=all``, ``linger.ms=0``, ``batch.num.messages=1``,
+   the default max in flight, i.e. 5) writes numbered values ``pl|r<round>|<topic>|<partition>|n<k>``
+   (k = 1, 2, ... per partition) round-robin to ``--plain-partitions`` of the round's partitions, so one
+   connection pipelines one small Produce request per record; at most ``--plain-window`` records are
+   unanswered at a time (which bounds what is in doubt at the cut). A value counts as acknowledged once
+   its delivery report says so; what has no report when the producer stops, or is purged or failed by
+   the cut, is in doubt: it may or may not be visible;
 3. cut: SIGKILL the broker (so it writes nothing more), then ``lazyfs::clear-cache`` (wait for
    LazyFS's "finished" notice), then unmount; what is left in the backing directory is exactly what
    the broker fsynced. Cut styles: ``commit`` (right after a commit acknowledgement, producers still
    running), ``busy`` (a random moment while producers run), ``idle`` (producers stopped, the cut
-   0.2-2.5 s after the last acknowledgement, so a background flush is in progress or done);
+   0.2-2.5 s after the last acknowledgement, plain or transactional, so a background flush is in
+   progress or done); ``fsync`` (LazyFS itself crashes right before/after an fsync of one file). The
+   plain producer is stopped like the transactional ones (``Workload.halt``, after the restart, or
+   before an idle cut): it waits up to ``--txn-timeout-s`` for its outstanding reports, then purges
+   the rest; its bootstrap is the old broker's port, so it never reaches the restarted broker;
 4. remount LazyFS, restart the broker on the same data dir, re-initialise every transactional id (as a
    restarted application does: fences the old epoch, aborts what was open), commit a sentinel
    transaction from a new transactional id to every partition, and read every partition with a
-   read_committed consumer up to the sentinel.
+   read_committed consumer up to the sentinel (the plain values, written to the old broker only, all
+   lie before it; they are not transactional, so read_committed shows them as they are in the log).
 
 Checks (a violation makes the exit status 1; 2 means the harness itself could not run):
 
@@ -30,7 +42,23 @@ Checks (a violation makes the exit status 1; 2 means the harness itself could no
   ``--allow-recent-loss`` (to measure versions without that protocol) losing whole recent
   transactions in the default mode is counted as ``lost (allowed)``, and only one acknowledged more
   than ``--loss-window-ms`` before the cut is ``lost-old``, a violation;
-- ``lso-stuck``: the sentinel commits and a read_committed consumer reaches it on every partition.
+- ``lso-stuck``: the sentinel commits and a read_committed consumer reaches it on every partition;
+- ``lost-acked-plain`` (``every-append`` only, where the broker fsyncs before it acknowledges): every
+  acknowledged plain value is visible (judged on a partition read to the sentinel, or where a later
+  plain value is visible). In the default mode a plain acknowledgement promises no
+  durability: acknowledged plain values lost after the last visible one are only counted
+  (``plain lost, allowed``);
+- ``duplicate-plain``: no plain value is visible twice;
+- ``gap-plain`` (both modes): per partition, the visible plain values, in offset order, are exactly
+  k = 1, 2, ..., K for some K: nothing sent before a visible value is missing, nothing out of order.
+  The idempotent producer sends a partition's records in order on one connection, and the broker
+  takes a sequence number only right after its predecessor, so the log held them in that order; the
+  log that survives a cut is a prefix of it (the broker truncates to a consistent prefix). So a
+  missing k below a visible one is a violation whatever the mode and whether k was acknowledged or
+  in doubt (in ``every-append`` an acknowledged one is reported as ``lost-acked-plain`` instead).
+  Only a value whose delivery failed before the cut (the producer may then have reset its sequence)
+  may be missing below a visible one; such failures are noted;
+- ``foreign`` also covers a plain value not written to that partition in that round.
 
 Usage (from the repository root)::
 
@@ -47,6 +75,7 @@ needs confluent-kafka.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -60,6 +89,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,7 +100,9 @@ from oncelog.testing.broker_process import BrokerProcess, create_topic, free_por
 
 MODES = ("background", "every-append")
 CUT_STYLES = ("commit", "busy", "idle", "fsync")
-VIOLATIONS = ("restart", "aborted-read", "torn", "duplicate", "lost-acked", "lost-old", "lso-stuck", "foreign")
+VIOLATIONS = ("restart", "aborted-read", "torn", "duplicate", "lost-acked", "lost-old", "lso-stuck", "foreign",
+              "lost-acked-plain", "duplicate-plain", "gap-plain")
+PLAIN_PREFIX = "pl|"  # plain values: parse_value (transactional values, "pc|...") returns None for them
 CLEAR_CACHE = b"lazyfs::clear-cache\n"
 CLEAR_DONE = b"finished::clear-cache"
 CHECKPOINT = b"lazyfs::cache-checkpoint\n"
@@ -261,6 +293,36 @@ def parse_value(value: str) -> tuple[int, int, int, str, int] | None:
         return None
 
 
+@dataclass
+class PlainRecord:
+    """One value of the plain idempotent producer."""
+    topic: str
+    partition: int
+    number: int                      # 1, 2, ... per partition, in send order
+    value: str
+    # in-flight (no delivery report yet) -> acked | failed (before the cut) | in-doubt (purged, or failed by
+    # the cut); whatever is not "acked" at the end may or may not be visible
+    status: str = "in-flight"
+    offset: int = -1                 # from the delivery report
+    acked_at: float | None = None
+    error: str | None = None
+
+
+def plain_value(round_no: int, topic: str, partition: int, number: int) -> str:
+    return f"{PLAIN_PREFIX}r{round_no}|{topic}|{partition}|n{number}"
+
+
+def parse_plain(value: str) -> tuple[int, str, int, int] | None:
+    """(round, topic, partition, number) of a plain producer's value, None for anything else."""
+    parts = value.split("|")
+    if len(parts) != 5 or not value.startswith(PLAIN_PREFIX):
+        return None
+    try:
+        return int(parts[1][1:]), parts[2], int(parts[3]), int(parts[4][1:])
+    except ValueError:
+        return None
+
+
 def client_logger(path: Path) -> logging.Logger:
     logger = logging.getLogger(f"power_cut.clients.{path}")
     logger.propagate = False
@@ -273,10 +335,13 @@ def client_logger(path: Path) -> logging.Logger:
 
 
 class Workload:
-    """Transactional producers in threads; every transaction is recorded before it starts."""
+    """Transactional producers in threads, and one plain idempotent producer writing to ``plain_partitions``
+    (none if empty); every transaction is recorded before it starts, every plain value before any delivery
+    report on it can arrive (reports are served in the plain producer's own thread)."""
 
     def __init__(self, bootstrap: str, round_no: int, partitions: list[tuple[str, int]], opts: argparse.Namespace,
-                 rng: random.Random, logger: logging.Logger) -> None:
+                 rng: random.Random, logger: logging.Logger,
+                 plain_partitions: list[tuple[str, int]] | None = None) -> None:
         self.bootstrap = bootstrap
         self.round_no = round_no
         self.partitions = partitions
@@ -288,9 +353,21 @@ class Workload:
         self.last_ack = 0.0
         self.errors: list[str] = []
         self._seeds = [rng.getrandbits(64) for _ in range(opts.producers)]
-        self._ready = threading.Barrier(opts.producers + 1)
+        self.plain_partitions = list(plain_partitions or [])
+        self.plain: list[PlainRecord] = []
+        self.plain_last_ack = 0.0
+        self.plain_failures = 0
+        self._plain_unanswered = 0
+        self._ready = threading.Barrier(opts.producers + 1 + bool(self.plain_partitions))
         self.threads = [threading.Thread(target=self._run, args=(i,), name=f"producer-{i}", daemon=True)
                         for i in range(opts.producers)]
+        if self.plain_partitions:
+            self.threads.append(threading.Thread(target=self._plain_run, name="plain-producer", daemon=True))
+
+    @property
+    def last_any_ack(self) -> float:
+        """When the last acknowledgement, transactional or plain, arrived (0.0: none yet)."""
+        return max(self.last_ack, self.plain_last_ack)
 
     def transactional_id(self, i: int) -> str:
         return f"pc-r{self.round_no}-p{i}"
@@ -368,6 +445,79 @@ class Workload:
             if self.opts.txn_pause_ms:
                 time.sleep(rng.uniform(0, self.opts.txn_pause_ms) / 1000)
 
+    # --- the plain idempotent producer ---
+
+    def plain_config(self) -> dict[str, Any]:
+        # linger.ms=0 and one record per batch: every record is its own Produce request, pipelined up to
+        # the idempotent producer's limit of 5 in flight on its one connection.
+        return {"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 0,
+                "batch.num.messages": 1, "message.timeout.ms": 12000, "reconnect.backoff.ms": 50,
+                "reconnect.backoff.max.ms": 500, "logger": self.logger, "log_level": 4,
+                "error_cb": self._client_error}
+
+    def _plain_run(self) -> None:
+        try:
+            p = Producer(self.plain_config())
+        except KafkaException as exc:
+            self.errors.append(f"plain producer: {exc}")
+            self._ready.abort()
+            return
+        try:
+            self._ready.wait()
+        except threading.BrokenBarrierError:
+            return
+        try:
+            self._plain_stream(p)
+        finally:
+            self._plain_settle(p)
+
+    def _plain_stream(self, p: Producer) -> None:
+        numbers = dict.fromkeys(self.plain_partitions, 0)
+        turn = 0
+        while not self.stop.is_set():
+            if self._plain_unanswered >= self.opts.plain_window:
+                p.poll(0.01)  # delivery reports are served here, in this thread
+                continue
+            t, part = self.plain_partitions[turn % len(self.plain_partitions)]
+            turn += 1
+            numbers[(t, part)] += 1
+            rec = PlainRecord(t, part, numbers[(t, part)], plain_value(self.round_no, t, part, numbers[(t, part)]))
+            try:
+                p.produce(t, rec.value.encode(), partition=part,
+                          on_delivery=functools.partial(self._plain_report, rec))
+            except (KafkaException, BufferError) as exc:
+                if not self.stop.is_set():
+                    self.errors.append(f"plain producer: produce of {rec.value} refused before the cut: {exc}")
+                return  # never handed to the client: not recorded, and nothing after it is sent
+            self.plain.append(rec)
+            self._plain_unanswered += 1
+            p.poll(0)
+
+    def _plain_report(self, rec: PlainRecord, err: KafkaError | None, msg: Any) -> None:
+        self._plain_unanswered -= 1
+        if err is None:
+            rec.status, rec.offset, rec.acked_at = "acked", msg.offset(), time.monotonic()
+            self.plain_last_ack = rec.acked_at
+            return
+        rec.error = err.str()
+        if self.stop.is_set() or err.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
+            rec.status = "in-doubt"
+        else:
+            rec.status = "failed"
+            self.plain_failures += 1
+            if self.plain_failures <= 3:
+                self.errors.append(f"plain producer: {rec.value} failed before the cut: {rec.error}")
+
+    def _plain_settle(self, p: Producer) -> None:
+        """Wait (at most --txn-timeout-s) for the outstanding delivery reports, then purge the rest: a
+        value purged, or still without a report, stays in doubt."""
+        try:
+            p.flush(self.opts.txn_timeout_s)
+            p.purge()
+            p.flush(1)  # serves the purged values' reports
+        except KafkaException as exc:
+            self.errors.append(f"plain producer: stopping it: {exc}")
+
     def halt(self, join_timeout_s: float) -> None:
         self.stop.set()
         deadline = time.monotonic() + join_timeout_s
@@ -404,6 +554,15 @@ class RoundResult:
     duplicates: int = 0
     foreign: int = 0
     gaps: int = 0
+    plain_sent: int = 0
+    plain_acked: int = 0
+    plain_in_doubt: int = 0          # no acknowledgement when the producer stopped (in flight at the cut)
+    plain_failed: int = 0            # delivery failed before the cut
+    plain_visible: int = 0
+    lost_acked_plain: int = 0
+    plain_lost_allowed: int = 0
+    plain_duplicates: int = 0
+    plain_gaps: int = 0
     restarted: bool = False
     lso_ok: bool = False
     seconds: float = 0.0
@@ -494,7 +653,10 @@ def run_round(opts: argparse.Namespace, mode: str, round_no: int, workroot: Path
                          "txnindex": r"\.txnindex"}
         fsync_target = rng.choice(sorted(fsync_targets))
         fsync_timing = rng.choice(("before", "after"))
-        work = Workload(broker.bootstrap, round_no, partitions, opts, rng, logger)
+        # drawn from their own generator, so a seed's other choices are those it made before plain values existed
+        plain_rng = random.Random(seed * 7 + 3)
+        plain_tps = sorted(plain_rng.sample(partitions, min(opts.plain_partitions, len(partitions))))
+        work = Workload(broker.bootstrap, round_no, partitions, opts, rng, logger, plain_tps)
         work.start()
         time.sleep(warmup)
         res.cut = style
@@ -503,7 +665,7 @@ def run_round(opts: argparse.Namespace, mode: str, round_no: int, workroot: Path
             work.commit_acked.wait(timeout=10)
         elif style == "idle":
             work.halt(opts.txn_timeout_s + 5)
-            time.sleep(max(0.0, work.last_ack + idle_delay - time.monotonic()))
+            time.sleep(max(0.0, work.last_any_ack + idle_delay - time.monotonic()))
             res.cut = f"idle {idle_delay:.1f}s"
         crashed = False
         if style == "fsync" and not opts.no_power_cut:
@@ -515,7 +677,7 @@ def run_round(opts: argparse.Namespace, mode: str, round_no: int, workroot: Path
         cut_at = time.monotonic()
         broker.kill()  # SIGKILL and reap: from here on the broker writes nothing
         work.stop.set()  # errors from here on are the cut's, not findings
-        last_ack = work.last_ack
+        last_ack = work.last_any_ack
         if opts.no_power_cut:
             fs.checkpoint()  # LazyFS drops its cache when unmounted: keep it, the broker's writes all survive
         cleared_in = 0.0 if opts.no_power_cut or crashed else fs.clear_cache()
@@ -539,15 +701,23 @@ def run_round(opts: argparse.Namespace, mode: str, round_no: int, workroot: Path
         work.halt(opts.txn_timeout_s + 5)  # every outcome is known before anything is judged
         res.notes.extend(work.errors)
         if any(t.is_alive() for t in work.threads):
-            res.notes.append("a producer thread was still blocked after the cut; its transaction counts as in doubt")
+            res.notes.append("a producer thread was still blocked after the cut; its transaction (or plain values) "
+                             "counts as in doubt")
         txns = list(work.txns)
+        plain = list(work.plain)
         if res.restarted and broker is not None:
             by_value = {v: t for t in txns for _, _, v in t.values}
             visible, complete = verify_after_restart(broker.bootstrap, round_no, work, partitions, opts, res, logger,
                                                      by_value)
-            check(res, txns, visible, complete, mode, cut_at, opts)
+            plain_visible = {tp: [(o, v) for o, v in records if v.startswith(PLAIN_PREFIX)]
+                             for tp, records in visible.items()}
+            txn_visible = {tp: [(o, v) for o, v in records if not v.startswith(PLAIN_PREFIX)]
+                           for tp, records in visible.items()}
+            check(res, txns, txn_visible, complete, mode, cut_at, opts)
+            check_plain(res, plain, plain_visible, complete, mode, cut_at, opts)
         else:
             count_txns(res, txns)
+            count_plain(res, plain)
     finally:
         if broker is not None:
             broker.kill()
@@ -685,14 +855,7 @@ def check(res: RoundResult, txns: list[Txn], visible: dict[tuple[str, int], list
     for (topic, part), records in visible.items():
         for offset, value in records:
             seen.setdefault(value, []).append((topic, part, offset))
-    examples: dict[str, int] = {}
-
-    def add(kind: str, detail: str) -> None:
-        examples[kind] = examples.get(kind, 0) + 1
-        if examples[kind] <= opts.examples:
-            res.add(kind, detail)
-        elif examples[kind] == opts.examples + 1:
-            res.notes.append(f"more {kind} findings than shown (see the counts)")
+    add = finding_adder(res, opts)
 
     for value, places in seen.items():
         where = ", ".join(f"{t}-{p}@{o}" for t, p, o in places)
@@ -747,6 +910,80 @@ def check(res: RoundResult, txns: list[Txn], visible: dict[tuple[str, int], list
             res.gaps += 1
 
 
+def finding_adder(res: RoundResult, opts: argparse.Namespace) -> Callable[[str, str], None]:
+    """``add(kind, detail)``: a finding, at most --examples of a kind per call of this (then a note)."""
+    examples: dict[str, int] = {}
+
+    def add(kind: str, detail: str) -> None:
+        examples[kind] = examples.get(kind, 0) + 1
+        if examples[kind] <= opts.examples:
+            res.add(kind, detail)
+        elif examples[kind] == opts.examples + 1:
+            res.notes.append(f"more {kind} findings than shown (see the counts)")
+
+    return add
+
+
+def count_plain(res: RoundResult, plain: list[PlainRecord]) -> None:
+    res.plain_sent = len(plain)
+    res.plain_acked = sum(r.status == "acked" for r in plain)
+    res.plain_failed = sum(r.status == "failed" for r in plain)
+    res.plain_in_doubt = res.plain_sent - res.plain_acked - res.plain_failed
+
+
+def check_plain(res: RoundResult, plain: list[PlainRecord], visible: dict[tuple[str, int], list[tuple[int, str]]],
+                complete: set[tuple[str, int]], mode: str, cut_at: float, opts: argparse.Namespace) -> None:
+    """Judge the plain values read after the restart (``visible``: per partition, (offset, value) in offset
+    order) against the delivery reports. See the module docstring: duplicate-plain and gap-plain in both
+    modes, lost-acked-plain in every-append mode; an acknowledged value missing after the last visible
+    one is judged only on a partition read to the sentinel (``complete``)."""
+    count_plain(res, plain)
+    add = finding_adder(res, opts)
+    sent: dict[tuple[str, int], dict[int, PlainRecord]] = {}
+    for rec in plain:
+        sent.setdefault((rec.topic, rec.partition), {})[rec.number] = rec
+    for tp in sorted(set(visible) | set(sent)):
+        name = f"{tp[0]}-{tp[1]}"
+        mine = sent.get(tp, {})
+        offsets: dict[int, list[int]] = {}  # number -> the offsets it is visible at
+        for offset, value in visible.get(tp, []):
+            parsed = parse_plain(value)
+            if parsed is None or parsed[0] != res.round_no or (parsed[1], parsed[2]) != tp or parsed[3] not in mine:
+                res.foreign += 1
+                add("foreign", f"a plain value not written to {name} in this round: {value[:60]!r} at {name}@{offset}")
+                continue
+            offsets.setdefault(parsed[3], []).append(offset)
+        res.plain_visible += len(offsets)
+        for n, where in offsets.items():
+            if len(where) > 1:
+                res.plain_duplicates += 1
+                add("duplicate-plain", f"{mine[n].value!r} visible {len(where)} times: "
+                                       f"{', '.join(f'{name}@{o}' for o in where)}")
+        in_log_order = sorted(offsets, key=lambda n: offsets[n][0])
+        if in_log_order != sorted(in_log_order):
+            res.plain_gaps += 1
+            bad = next(i for i in range(1, len(in_log_order)) if in_log_order[i] < in_log_order[i - 1])
+            a, b = in_log_order[bad - 1], in_log_order[bad]
+            add("gap-plain", f"{name}: plain values out of order: #{a} at offset {offsets[a][0]} "
+                             f"before #{b} at offset {offsets[b][0]}")
+        top = max(offsets, default=0)
+        last = f"#{top} at offset {offsets[top][0]}" if top else "none"
+        for n, rec in sorted(mine.items()):
+            if n in offsets:
+                continue
+            acked = (f"acknowledged at offset {rec.offset} {(cut_at - rec.acked_at) * 1000:.0f} ms before the cut"
+                     if rec.status == "acked" and rec.acked_at is not None else rec.status)
+            if rec.status == "acked" and mode == "every-append" and (n < top or tp in complete):
+                res.lost_acked_plain += 1
+                add("lost-acked-plain", f"{name}: {rec.value!r} {acked} is not visible (fsynced before its "
+                                        f"acknowledgement in {mode}); last plain value visible there: {last}")
+            elif n < top and rec.status != "failed":
+                res.plain_gaps += 1
+                add("gap-plain", f"{name}: {rec.value!r} ({acked}) is missing below the visible {last}")
+            elif rec.status == "acked" and tp in complete:
+                res.plain_lost_allowed += 1
+
+
 def fmt_tps(tps: list[tuple[str, int]]) -> str:
     return ", ".join(f"{t}-{p}" for t, p in tps)
 
@@ -755,6 +992,7 @@ def fmt_tps(tps: list[tuple[str, int]]) -> str:
 
 COLUMNS = [("round", 5), ("mode", 12), ("cut", 26), ("since-ack", 9), ("txns", 5), ("commit", 6), ("abort", 5),
            ("doubt", 5), ("visible", 7), ("lost-ok", 7), ("lost!", 5), ("torn", 5), ("abrt-rd", 7), ("dup", 4),
+           ("pl-ack", 6), ("pl-vis", 6), ("pl-lost!", 8), ("pl-gap", 6), ("pl-dup", 6),
            ("restart", 7), ("lso", 5), ("secs", 5)]
 
 
@@ -765,7 +1003,8 @@ def header() -> str:
 def row(r: RoundResult) -> str:
     cells = [r.round_no, r.mode, r.cut, f"{r.since_ack_ms}ms" if r.since_ack_ms >= 0 else "-", r.txns, r.committed,
              r.aborted, r.in_doubt, r.visible_committed, r.lost_allowed, r.lost_acked + r.lost_old, r.torn,
-             r.aborted_read, r.duplicates, "ok" if r.restarted else "FAIL",
+             r.aborted_read, r.duplicates, r.plain_acked, r.plain_visible, r.lost_acked_plain, r.plain_gaps,
+             r.plain_duplicates, "ok" if r.restarted else "FAIL",
              "ok" if r.lso_ok else ("-" if not r.restarted else "STUCK"), r.seconds]
     return "  ".join(str(c).rjust(w) for c, (_, w) in zip(cells, COLUMNS, strict=True))
 
@@ -797,6 +1036,15 @@ def totals(results: list[RoundResult], mode: str) -> dict[str, Any]:
         "lso_stuck": sum(r.restarted and not r.lso_ok for r in rs),
         "committed": sum(r.committed for r in rs), "visible_committed": sum(r.visible_committed for r in rs),
         "gaps": sum(r.gaps for r in rs),
+        "plain_sent": sum(r.plain_sent for r in rs), "plain_acked": sum(r.plain_acked for r in rs),
+        "plain_in_doubt": sum(r.plain_in_doubt for r in rs), "plain_failed": sum(r.plain_failed for r in rs),
+        "plain_visible": sum(r.plain_visible for r in rs),
+        "rounds_with_lost_acked_plain": sum(r.lost_acked_plain > 0 for r in rs),
+        "lost_acked_plain": sum(r.lost_acked_plain for r in rs),
+        "plain_lost_allowed": sum(r.plain_lost_allowed for r in rs),
+        "rounds_with_plain_gaps": sum(r.plain_gaps > 0 for r in rs), "plain_gaps": sum(r.plain_gaps for r in rs),
+        "rounds_with_plain_duplicates": sum(r.plain_duplicates > 0 for r in rs),
+        "plain_duplicates": sum(r.plain_duplicates for r in rs),
         "rounds_with_violations": sum(bool(r.findings) for r in rs),
     }
 
@@ -815,6 +1063,12 @@ def print_totals(results: list[RoundResult]) -> None:
         print(f"  LSO stuck            {t['lso_stuck']:6d}")
         print(f"  committed / visible  {t['committed']:6d} / {t['visible_committed']}  "
               f"(lost-then-later-kept gaps, informational: {t['gaps']})")
+        print(f"  plain sent / acked   {t['plain_sent']:6d} / {t['plain_acked']}  (in doubt at the cut: "
+              f"{t['plain_in_doubt']}, failed before it: {t['plain_failed']}); visible {t['plain_visible']}")
+        print(f"  plain lost, acked    {t['lost_acked_plain']:6d} (every-append) in "
+              f"{t['rounds_with_lost_acked_plain']} round(s); allowed (background): {t['plain_lost_allowed']}")
+        print(f"  plain gaps           {t['plain_gaps']:6d} in {t['rounds_with_plain_gaps']} round(s)")
+        print(f"  plain duplicates     {t['plain_duplicates']:6d} in {t['rounds_with_plain_duplicates']} round(s)")
 
 
 # --- main -------------------------------------------------------------------------------------------
@@ -847,6 +1101,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, default=3, help="partitions per topic")
     ap.add_argument("--abort-fraction", type=float, default=0.3)
     ap.add_argument("--value-bytes", type=int, default=120)
+    ap.add_argument("--plain-partitions", type=int, default=2,
+                    help="partitions the plain idempotent producer writes to (0: no plain producer)")
+    ap.add_argument("--plain-window", type=int, default=10,
+                    help="most plain values unanswered at a time (the idempotent producer has 5 requests in flight)")
     ap.add_argument("--txn-pause-ms", type=int, default=0, help="random pause between transactions, up to this")
     ap.add_argument("--min-run-s", type=float, default=2.0, help="shortest workload before the cut")
     ap.add_argument("--max-run-s", type=float, default=5.0, help="longest workload before the cut")

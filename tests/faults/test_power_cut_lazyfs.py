@@ -1,4 +1,5 @@
-"""Power cuts with LazyFS (``tests/faults/power_cut.py``): two rounds per fsync mode, no violation allowed.
+"""Power cuts with LazyFS (``tests/faults/power_cut.py``): two rounds per fsync mode, no violation allowed
+(transactional producers and a plain idempotent one, which must have some values acknowledged every round).
 
 Needs a LazyFS binary in ``ONCELOG_LAZYFS`` and FUSE. Marked ``lazyfs``, so ``-m "not lazyfs"`` deselects
 it; without the variable it is skipped with the reason, and it fails when the run asked for it with
@@ -39,3 +40,5 @@ def test_power_cuts_leave_transactions_atomic(mode: str, tmp_path: Path, request
     findings = [f"round {r.round_no} ({r.cut}): {f.kind}: {f.detail}" for r in results for f in r.findings]
     assert not findings, "\n".join(findings)
     assert all(r.committed > 0 for r in results), "the workload committed nothing"
+    assert all(r.plain_acked > 0 for r in results), \
+        f"the plain producer had nothing acknowledged: {[(r.round_no, r.plain_sent, r.notes) for r in results]}"
