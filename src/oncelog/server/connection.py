@@ -10,9 +10,11 @@ finished. Handling inline saves each request a task and a pass of the event loop
 
 One kind of wait does not hold the queue: a request whose changes are all made and whose answer
 only waits for their fsync (``AnsweredWhenDurable``: a produce under ``flush_every_append``). The
-requests queued behind it are handled meanwhile, in order, and their answers are held until its
-answer has gone out. So a client that pipelines its produces shares one group-commit fsync among
-them. Handling still happens in request order; only the acknowledgements wait together.
+requests queued behind it, and the ones that arrive while it waits, are handled meanwhile, in order,
+and their answers are held until its answer has gone out. So a client that pipelines its produces
+shares group-commit fsyncs among them, and a request's records join the next fsync as soon as it
+arrives instead of after the answers before it. Handling still happens in request order; only the
+acknowledgements wait together.
 
 Memory a connection can hold, whatever the client does (the bound ``make test`` checks): one
 partial frame (at most ``socket_request_max_bytes``), the queued requests (reading pauses at
