@@ -50,14 +50,14 @@ class GroupCommit:
     durable = Broker.durable
     synced_future = Broker.synced_future
     _want_sync = Broker._want_sync
-    _schedule_rounds = Broker._schedule_rounds
-    _start_rounds = Broker._start_rounds
+    _schedule_fsyncs = Broker._schedule_fsyncs
+    _start_fsyncs = Broker._start_fsyncs
     _synced = Broker._synced
 
     def __init__(self, rng: random.Random, log: FakeLog) -> None:
         self._syncing: dict[str, Any] = {}
         self._wanted: dict[str, Any] = {}
-        self._rounds_scheduled = False
+        self._fsyncs_scheduled = False
         self.rng = rng
         self.log = log
         self.failed: list[BaseException] = []
@@ -175,19 +175,19 @@ class RoundLog(FakeLog):
     def __init__(self, name: str) -> None:
         super().__init__()
         self.name = name
-        self.in_round = False
+        self.syncing = False
         self.planned_end = 0
         self.fsynced_end = 0  # what the (fake) disk holds: set by the fsync itself
 
     def plan_sync(self) -> tuple[int, list[Any]]:
-        assert not self.in_round, f"{self.name} planned while its last fsync is not recorded"
-        self.in_round = True
+        assert not self.syncing, f"{self.name} planned while its last fsync is not recorded"
+        self.syncing = True
         self.planned_end = self.log_end
         return self.log_end, [self]
 
     def mark_synced(self, end: int) -> None:
-        assert self.in_round
-        self.in_round = False
+        assert self.syncing
+        self.syncing = False
         super().mark_synced(end)
 
 
@@ -236,7 +236,7 @@ def test_each_log_has_one_fsync_at_a_time_and_different_logs_sync_side_by_side(
 
     run_in_thread(main, 30)
     assert all(fsynced >= offset for _, offset, fsynced in acked), "acknowledged before its fsync"
-    assert not any(log.in_round for log in logs)
+    assert not any(log.syncing for log in logs)
     fsyncs = sum(log.fsyncs for log in logs)
     assert fsyncs < len(acked) / 2, f"{fsyncs} fsyncs for {len(acked)} appends: not shared"
     assert overlap[0] > 1, "the fsyncs of different logs never ran side by side"
@@ -264,7 +264,7 @@ def test_a_failed_fsync_reaches_its_waiters_and_later_fsyncs_run(monkeypatch: py
                                        return_exceptions=True)
         assert not gc._syncing and not gc._wanted
         fail.clear()
-        logs[1].in_round = False  # a failed round records nothing; the broker would have stopped
+        logs[1].syncing = False  # a failed fsync records nothing; the broker would have stopped
         logs[0].log_end = 3
         await gc.durable(logs[0], 3)
         return results, logs[0].synced_end

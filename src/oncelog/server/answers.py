@@ -26,7 +26,7 @@ class AnsweredWhenDurable:
     commit has covered it), without a coroutine; otherwise it waits for ``Broker.durable``. Nothing
     runs for it until then: the produce handler has already asked for the fsync
     (``Broker.sync_soon``). A connection that wants to handle new requests while it waits uses
-    :meth:`round_future` instead, which needs no task.
+    :meth:`fsync_future` instead, which needs no task.
     """
 
     __slots__ = ("_broker", "_durability", "response")
@@ -45,8 +45,8 @@ class AnsweredWhenDurable:
             await self._broker.durable(plog, offset)
         return self.response
 
-    def round_future(self) -> asyncio.Future[None] | None:
-        """None when :meth:`durable_now`; else a future that is done when a group-commit round has
+    def fsync_future(self) -> asyncio.Future[None] | None:
+        """None when :meth:`durable_now`; else a future that is done when a group-commit fsync has
         moved it on (one log of it further synced, or its disk failed): ask again then. Waiting on
         it needs no task of its own, so a connection can wait for it beside new requests."""
         for plog, offset in self._durability:

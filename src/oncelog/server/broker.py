@@ -123,7 +123,7 @@ class Broker:
         # future its waiters wait on), and the logs wanted for their next one (each with its future).
         self._syncing: dict[str, tuple[int, asyncio.Future[None]]] = {}
         self._wanted: dict[str, tuple[Any, asyncio.Future[None]]] = {}
-        self._rounds_scheduled = False
+        self._fsyncs_scheduled = False
         self._unsynced_bytes: dict[str, int] = {}  # per log: transactional bytes since sync_behind last started one
         self.produce_quota = QuotaManager(config.quota_producer_default)
         self.fetch_quota = QuotaManager(config.quota_consumer_default)
@@ -319,7 +319,7 @@ class Broker:
         """Return once ``plog`` is fsynced below ``offset`` (flush_every_append acknowledgements).
 
         Group commit: a log wanted (here, or earlier by ``sync_soon`` when the records were appended)
-        has its fsync started one pass of the event loop later (``_start_rounds``), on a sync thread,
+        has its fsync started one pass of the event loop later (``_start_fsyncs``), on a sync thread,
         never on the event loop; it plans the log's end then, so it covers every append made before,
         of every producer. When it returns, the log's synced end is recorded, and only then are its
         waiters resumed. A log has at most one fsync running: one wanted meanwhile starts right after
@@ -327,15 +327,15 @@ class Broker:
         StorageOfflineError if the disk refuses (the log directory goes offline, the broker stops).
         """
         while (fut := self.synced_future(plog, offset)) is not None:
-            # Every waiter resumes only once the round has recorded the log's synced end: awaiting a
+            # Every waiter resumes only once the fsync's return is recorded (the synced end): awaiting a
             # bare executor future here let a waiter spin on a done future (``await`` of a done
             # future does not yield) before the task that started it could record the result.
             await asyncio.shield(fut)
 
     def sync_behind(self, plog: Any, nbytes: int) -> None:
         """After ``nbytes`` of transactional data were appended to ``plog``: once at least
-        SYNC_BEHIND_BYTES are unsynced there, ask the next group-commit round for it unless it is
-        in one. So a transaction's data is mostly durable before its commit, whose PrepareCommit
+        SYNC_BEHIND_BYTES are unsynced there, ask for its next group-commit fsync unless one is
+        running. So a transaction's data is mostly durable before its commit, whose PrepareCommit
         must wait for all of it, and the fsyncs stay few and large (one per append would slow the
         appends themselves). Never waits; a failure takes the log directory offline as in
         :meth:`durable`. Outside an event loop (a handler called directly) it does nothing: it only
@@ -353,7 +353,7 @@ class Broker:
             self._want_sync(plog)
 
     def synced_future(self, plog: Any, offset: int) -> asyncio.Future[None] | None:
-        """None if ``plog`` is fsynced below ``offset`` already; else the future of the round that
+        """None if ``plog`` is fsynced below ``offset`` already; else the future of the fsync that
         the wait is on now (it may end before ``offset`` is covered: ask again then). For a caller
         that waits beside something else (a connection listening for new requests)."""
         if plog.synced_end >= offset:
@@ -362,9 +362,9 @@ class Broker:
         return in_flight[1] if in_flight is not None and in_flight[0] >= offset else self._want_sync(plog)
 
     def sync_soon(self, plog: Any) -> None:
-        """Ask the next group-commit round for ``plog`` now, before anyone awaits :meth:`durable`
+        """Ask for the next group-commit fsync of ``plog`` now, before anyone awaits :meth:`durable`
         for it: a connection awaits its answers in request order, so without this a pipelining
-        client's later partitions would each start a round only when their turn came. Never waits;
+        client's later partitions would each start an fsync only when their turn came. Never waits;
         outside an event loop it does nothing."""
         try:
             asyncio.get_running_loop()
@@ -373,28 +373,28 @@ class Broker:
         self._want_sync(plog)
 
     def _want_sync(self, plog: Any) -> asyncio.Future[None]:
-        """The future of the next round of ``plog`` (which a later pass of the event loop starts)."""
+        """The future of the next fsync of ``plog`` (which a later pass of the event loop starts)."""
         wanted = self._wanted.get(plog.name)
         if wanted is not None:
             return wanted[1]
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        fut.add_done_callback(_ignore_result)  # sync_behind's rounds have no waiter
+        fut.add_done_callback(_ignore_result)  # sync_behind's and sync_soon's fsyncs may have no waiter
         self._wanted[plog.name] = (plog, fut)
         if plog.name not in self._syncing:
-            self._schedule_rounds(loop)
+            self._schedule_fsyncs(loop)
         return fut
 
-    def _schedule_rounds(self, loop: asyncio.AbstractEventLoop) -> None:
-        if not self._rounds_scheduled:
-            self._rounds_scheduled = True
-            loop.call_soon(self._start_rounds)
+    def _schedule_fsyncs(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._fsyncs_scheduled:
+            self._fsyncs_scheduled = True
+            loop.call_soon(self._start_fsyncs)
 
-    def _start_rounds(self) -> None:
-        """Start the fsync of every wanted log that is in no round now: each log's own job on the
+    def _start_fsyncs(self) -> None:
+        """Start the fsync of every wanted log that has none running: each log's own job on the
         sync threads (fsyncs of different logs run side by side), planned here, so it covers every
         append made before this pass; ``_synced`` records it back on the loop."""
-        self._rounds_scheduled = False
+        self._fsyncs_scheduled = False
         loop = asyncio.get_running_loop()
         for name, (plog, fut) in list(self._wanted.items()):
             if name in self._syncing:
@@ -431,7 +431,7 @@ class Broker:
                     error = offline
             fut.set_exception(error)
         if plog.name in self._wanted:
-            self._schedule_rounds(asyncio.get_running_loop())
+            self._schedule_fsyncs(asyncio.get_running_loop())
 
     def _flush_finished(self, flush_pass: Any, _future: Any = None) -> None:
         try:

@@ -393,7 +393,7 @@ class KafkaConnection(asyncio.Protocol):
 
     async def _fsynced_or_arrived(self, aw: AnsweredWhenDurable) -> bool:
         """Wait until ``aw`` may be answered (True) or new requests are queued (False)."""
-        while (fut := aw.round_future()) is not None:
+        while (fut := aw.fsync_future()) is not None:
             waiter = asyncio.get_running_loop().create_future()
             wake = functools.partial(_wake, waiter)
             fut.add_done_callback(wake)
