@@ -12,38 +12,10 @@ that tree (``PYTHONPATH``) with ``--segment-bytes``, then the bench's fixed-rate
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
-from pathlib import Path
 
-from oncelog.bench.clients import ClientPool
-from oncelog.bench.runner import Bench, Broker, Plan
-from oncelog.testing.broker_process import oncelog_broker
-
-
-def main() -> None:
-    rate, segment_bytes, repeats = float(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    trees = dict(arg.split("=", 1) for arg in sys.argv[4:])
-    plan = Plan.full()
-    plan.latency_s = 6.0
-    pool = ClientPool(2, "idle")
-    try:
-        for _ in range(repeats):
-            for name, src in trees.items():
-                os.environ["PYTHONPATH"] = src
-                data = Path(tempfile.mkdtemp()) / "data"
-                broker = Broker("oncelog", oncelog_broker(data, "--segment-bytes", segment_bytes).start(), cores=1)
-                try:
-                    bench = Bench(plan, [broker], pool, lambda _s: None)
-                    r = bench.latency(broker, broker.topic("lat", 3), 3, rate, processes=2, per_process=1, size=1024)
-                    print(f"{name}: p50 {r['p50']} p99 {r['p99']} p99.9 {r.get('p99.9')} max {r['max']} ms, "
-                          f"acknowledged {r['acked_per_s']}/s, broker CPU {r['cpu']['broker_pct']}%", flush=True)
-                finally:
-                    broker.process.stop()
-    finally:
-        pool.close()
-
+from tree_latency import run_trees
 
 if __name__ == "__main__":
-    main()
+    run_trees(float(sys.argv[1]), int(sys.argv[3]), dict(arg.split("=", 1) for arg in sys.argv[4:]),
+              broker_args=("--segment-bytes", sys.argv[2]))

@@ -145,6 +145,20 @@ class _Transport:
         self.closed = True
 
 
+class _SyncedWhenAnswered(_Transport):
+    """Records, for each answer written, the partition's synced end at that moment."""
+
+    def __init__(self, plog: Any) -> None:
+        super().__init__()
+        self.plog = plog
+        self.synced: dict[int, int] = {}  # correlation id -> synced end when its answer went out
+
+    def writelines(self, data: list[bytes]) -> None:
+        super().writelines(data)
+        for f in data:
+            self.synced[struct.unpack(">i", bytes(f[4:8]))[0]] = self.plog.synced_end
+
+
 def test_a_connection_lost_in_the_same_pass_as_its_request_closes_the_handed_off_work(tmp_path: Path) -> None:
     """Deterministic form of the race the socket fuzz found: the request arrives and the connection is
     lost before the event loop runs the task the request was handed to (here the rest of a Fetch
@@ -190,23 +204,16 @@ def test_pipelined_produces_that_wait_for_their_fsync_share_it_and_keep_their_or
             syncs.append(plog)
             real_synced(plog, *args)
 
-        broker._synced = counted  # type: ignore[method-assign]
+        broker._synced = counted  # type: ignore[method-assign,assignment]
         frames = [_produce(1), _produce(2), _api_versions(3), _produce(4), _metadata(5), _produce(6, acks=0),
                   _produce(7, acks=1)] + [_produce(c) for c in range(8, 30)] + [_api_versions(30)]
         expected = [c for c in range(1, 31) if c != 6]  # acks=0: no answer
 
         plog = broker.logs.partitions()[(TOPIC, 0)]
-        synced_when_answered: dict[int, int] = {}
-
-        class Recording(_Transport):
-            def writelines(self, data: list[bytes]) -> None:
-                super().writelines(data)
-                for f in data:
-                    synced_when_answered[struct.unpack(">i", bytes(f[4:8]))[0]] = plog.synced_end
+        transport = _SyncedWhenAnswered(plog)
 
         async def scenario() -> list[int]:
             conn = KafkaConnection(broker)
-            transport = Recording()
             conn.connection_made(transport)  # type: ignore[arg-type]
             conn.data_received(b"".join(frames))
             for _ in range(500):
@@ -221,7 +228,7 @@ def test_pipelined_produces_that_wait_for_their_fsync_share_it_and_keep_their_or
         produces = [c for c in range(1, 30) if c not in (3, 5)]
         for n, corr in enumerate(produces, 1):
             if corr != 6:
-                assert synced_when_answered[corr] >= 2 * n, (corr, synced_when_answered[corr])
+                assert transport.synced[corr] >= 2 * n, (corr, transport.synced[corr])
         assert plog.log_end_offset == 27 * 2 and plog.synced_end == plog.log_end_offset
     finally:
         ib.close()
@@ -316,17 +323,10 @@ def test_produces_arriving_while_one_waits_for_its_fsync_are_appended_before_it_
     gate = FsyncGate()
     try:
         plog = ib.broker.logs.partitions()[(TOPIC, 0)]
-        synced_when_answered: dict[int, int] = {}
-
-        class Recording(_Transport):
-            def writelines(self, data: list[bytes]) -> None:
-                super().writelines(data)
-                for f in data:
-                    synced_when_answered[struct.unpack(">i", bytes(f[4:8]))[0]] = plog.synced_end
+        transport = _SyncedWhenAnswered(plog)
 
         async def scenario() -> tuple[list[int], list[int], list[int]]:
             conn = KafkaConnection(ib.broker)
-            transport = Recording()
             conn.connection_made(transport)  # type: ignore[arg-type]
             gate.hold(TOPIC)
             conn.data_received(_produce(1))
@@ -351,7 +351,7 @@ def test_produces_arriving_while_one_waits_for_its_fsync_are_appended_before_it_
         assert answered_while_held == []
         assert answered == [1, 2, 3, 4]
         for corr in (1, 2, 3, 4):
-            assert synced_when_answered[corr] >= 2 * corr, (corr, synced_when_answered)
+            assert transport.synced[corr] >= 2 * corr, (corr, transport.synced)
     finally:
         gate.close()
         ib.close()
