@@ -117,6 +117,8 @@ class PartitionLog:
         self.config = config
         self.clock = clock
         self.dir_state = dir_state or LogDirState()
+        # Set once the log is closed or deleted (its files closed): nothing of it is fsynced any more.
+        self.removed = False
         self._flush_job: FlushJob | None = None
         self._synced_end = 0  # log end offset at the last sync()
         # Segment files created by a roll, and how many of those names are known durable (a
@@ -664,8 +666,10 @@ class PartitionLog:
         caller closes, and this log's directory, to fsync last, when a roll created a name not yet
         durable); then :meth:`mark_synced` with that end once the fsyncs returned."""
         self._check_online()
-        fds: list[int | Path] = [fileio.fs.dup(seg.fd) for seg in self._unsynced_segments()]
         self._sync_names = None
+        if self.removed:  # deleted (or closed) after the append a waiter waits for: nothing to make durable
+            return self.log_end_offset, []
+        fds: list[int | Path] = [fileio.fs.dup(seg.fd) for seg in self._unsynced_segments()]
         if not self.names_durable:  # the directory too: a name a roll created (see ``roll``)
             self._sync_names = self._rolls
             fds.append(self.directory)
@@ -916,6 +920,7 @@ class PartitionLog:
         shutdown), so the next start replays nothing."""
         if self.dir_state.offline_reason is None:
             self.flush(force=self.snapshot_offset != self.log_end_offset)
+        self.removed = True
         for seg in self.segments:
             if self.dir_state.offline_reason is None:
                 seg.close()
@@ -927,6 +932,7 @@ class PartitionLog:
             self.wait_for_flush()
         except fileio.StorageOfflineError:
             pass  # the partition is going away; what the flush failed to write does not matter
+        self.removed = True
         for seg in self.segments:
             seg.abandon()
         fileio.fs.rmtree(self.directory)
