@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from oncelog.protocol.messages import build, encode_request, peek_header, request_type
+from oncelog.protocol.messages import build, decode_response, encode_request, peek_header, request_type
 from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.connection import KafkaConnection
 from oncelog.server.handlers import produce as produce_handlers
@@ -389,5 +389,81 @@ def test_a_failed_fsync_under_a_waiting_produce_closes_the_connection(
         assert transport.closed, "the connection kept waiting on an offline log"
         assert transport.written == []  # never acknowledged
         assert ib.broker.storage_failure is not None and stopped
+    finally:
+        ib.close()
+
+
+def test_a_topic_deleted_while_its_produce_waits_for_the_fsync_is_no_internal_error(tmp_path: Path) -> None:
+    """Found by the socket fuzz under --flush-every-append: a produce is appended and waits for its
+    fsync, and another client's DeleteTopics removes the partition (its files closed) before the
+    fsync is planned. The produce is answered (it was appended; the deletion came after) and its
+    connection stays open: no handler error, no dup of a closed descriptor."""
+    ib = _in_process_with_topic(tmp_path, flush_every_append=True)
+    try:
+        delete = _frame(20, 5, 2, {"topic_names": [TOPIC], "timeout_ms": 5000})
+
+        async def scenario() -> tuple[_Transport, _Transport]:
+            producer, admin = KafkaConnection(ib.broker), KafkaConnection(ib.broker)
+            produced, deleted = _Transport(), _Transport()
+            producer.connection_made(produced)  # type: ignore[arg-type]
+            admin.connection_made(deleted)  # type: ignore[arg-type]
+            # In one pass of the loop: the produce is appended and its fsync asked for, then another
+            # client's DeleteTopics removes the partition before the fsync is planned.
+            producer.data_received(_produce(1) + _api_versions(2))
+            admin.data_received(delete)
+            for _ in range(100):
+                if len(produced.written) >= 2 or produced.closed:
+                    break
+                await asyncio.sleep(0.005)
+            return produced, deleted
+
+        produced, deleted = ib.loop.run_until_complete(scenario())
+        assert not produced.closed
+        assert [struct.unpack(">i", f[4:8])[0] for f in produced.written] == [1, 2]
+        _, answer = decode_response(0, 9, produced.written[0][4:])
+        assert answer.responses[0].partition_responses[0].error_code == 0
+        _, gone = decode_response(20, 5, deleted.written[0][4:])
+        assert gone.responses[0].error_code == 0
+        assert TOPIC not in ib.broker.logs.topics()
+    finally:
+        ib.close()
+
+
+def _offset_commit(corr: int, offset: int) -> bytes:
+    return _frame(8, 8, corr, {
+        "group_id": "g", "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
+        "retention_time_ms": -1, "topics": [{"name": TOPIC, "partitions": [
+            {"partition_index": 0, "committed_offset": offset, "committed_leader_epoch": -1,
+             "committed_metadata": None}]}]})
+
+
+def test_a_connection_lost_while_offset_commits_wait_for_their_fsync_leaves_nothing_unawaited(
+        tmp_path: Path) -> None:
+    """Found by the socket fuzz under --flush-every-append: an OffsetCommit's answer waited for its
+    fsync through a coroutine made when the records were appended; a connection lost before the
+    answer was awaited left it 'never awaited'. The commits stand (they were appended) and nothing
+    is left behind, whichever pass the connection is lost in."""
+    ib = _in_process_with_topic(tmp_path, flush_every_append=True)
+    try:
+
+        async def scenario(lose_after: int) -> None:
+            conn = KafkaConnection(ib.broker)
+            conn.connection_made(_Transport())  # type: ignore[arg-type]
+            conn.data_received(_offset_commit(1, 10 + lose_after) + _offset_commit(2, 20 + lose_after))
+            for _ in range(lose_after):
+                await asyncio.sleep(0)
+            conn.connection_lost(ConnectionResetError())
+            for _ in range(20):
+                await asyncio.sleep(0.005)
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for lose_after in (0, 1, 2, 3):
+                ib.loop.run_until_complete(scenario(lose_after))
+            gc.collect()
+        assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+        r = ib.call(9, 8, {"groups": [{"group_id": "g", "topics": [{"name": TOPIC, "partition_indexes": [0]}]}],
+                           "require_stable": True})
+        assert r.groups[0].topics[0].partitions[0].committed_offset == 23
     finally:
         ib.close()

@@ -36,6 +36,15 @@ class AnsweredWhenDurable:
         self._durability = durability
         self.response = response
 
+    @property
+    def durability(self) -> list[tuple[Any, int]]:
+        return self._durability
+
+    def answering(self, response: Any) -> AnsweredWhenDurable:
+        """The same wait, answering ``response`` (a handler's answer after records a coordinator
+        appended: ``Coordination.apply_group_records``)."""
+        return AnsweredWhenDurable(self._broker, self._durability, response)
+
     def durable_now(self) -> bool:
         """Whether every change it answers for is durable already (awaiting it would not wait)."""
         return all(plog.synced_end >= offset for plog, offset in self._durability)

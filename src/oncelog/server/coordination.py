@@ -37,6 +37,7 @@ from oncelog.coordinator.producer_ids import ProducerIdManager
 from oncelog.coordinator.transaction.coordinator import TransactionCoordinator, TxnResult
 from oncelog.protocol import records as rb
 from oncelog.protocol.errors import ErrorCode
+from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.internal_log import encode_batch, read_all
 from oncelog.storage import fileio
 from oncelog.storage.errors import ProducerStateError
@@ -51,11 +52,6 @@ T = TypeVar("T")
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
 CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
-
-
-async def _all(waits: list[Awaitable[None]]) -> None:
-    for wait in waits:
-        await wait
 
 
 def _collect(task: asyncio.Future[None]) -> None:
@@ -393,13 +389,15 @@ class Coordination:
             self.groups.replay_control(producer_id, commit)
 
     # --- groups -----------------------------------------------------------------------------------
-    def apply_group_records(self, group_id: str, records: list[tuple[bytes, bytes | None]]) -> Awaitable[None] | None:
+    def apply_group_records(self, group_id: str, records: list[tuple[bytes, bytes | None]]
+                            ) -> AnsweredWhenDurable | None:
         """Append to the group's offsets partition, then replay (records, then replay).
 
         Returns what the answer must wait for: None, or, when the partition's appends must be
         durable before they are acknowledged (flush_every_append, flush.messages) and an event loop
-        runs, an awaitable of that fsync, made off the loop (``Broker.durable``, group commit).
-        Outside a loop the append fsyncs itself, as before."""
+        runs, an ``AnsweredWhenDurable`` of that fsync (already asked for, made off the loop:
+        ``Broker.durable``, group commit); it is no coroutine, so one never awaited (its client gone)
+        leaves nothing behind. Outside a loop the append fsyncs itself, as before."""
         topic, partition = self.offsets_partition_for(group_id)
         plog = self.broker.logs.get_partition(topic, partition)
         assert plog is not None
@@ -408,7 +406,7 @@ class Coordination:
             self.groups.replay(key, value)
         return wait
 
-    def _append_offsets(self, plog: Any, batch: bytes) -> Awaitable[None] | None:
+    def _append_offsets(self, plog: Any, batch: bytes) -> AnsweredWhenDurable | None:
         """Append ``batch`` to an offsets partition; what its answer must wait for (see
         :meth:`apply_group_records`). Raises what ``PartitionLog.append`` raises, having appended
         nothing."""
@@ -416,7 +414,8 @@ class Coordination:
         plog.append(batch, origin=AppendOrigin.COORDINATOR, defer_sync=running)
         if not running or plog.synced_end >= plog.log_end_offset or not plog.must_sync:
             return None
-        return self.broker.durable(plog, plog.log_end_offset)
+        self.broker.sync_soon(plog)
+        return AnsweredWhenDurable(self.broker, [(plog, plog.log_end_offset)], None)
 
     @staticmethod
     def _in_background(wait: Awaitable[None] | None) -> None:
@@ -427,7 +426,7 @@ class Coordination:
 
     def apply_txn_offset_records(self, group_id: str, producer_id: int, producer_epoch: int,
                                  records: list[tuple[bytes, bytes | None]]
-                                 ) -> tuple[ErrorCode, Awaitable[None] | None]:
+                                 ) -> tuple[ErrorCode, AnsweredWhenDurable | None]:
         """TxnOffsetCommit: the records join the producer's transaction in the offsets partition.
         Returns the error (the partition refused the batch) or NONE, and what the answer must wait
         for, as :meth:`apply_group_records` returns."""
@@ -444,7 +443,7 @@ class Coordination:
             self.groups.replay(key, value, producer_id, transactional=True)
         return ErrorCode.none, wait
 
-    def apply_records_by_group(self, records: list[tuple[bytes, bytes | None]]) -> Awaitable[None] | None:
+    def apply_records_by_group(self, records: list[tuple[bytes, bytes | None]]) -> AnsweredWhenDurable | None:
         """Append records of possibly several groups, each to its group's offsets partition; what
         their answer must wait for (see :meth:`apply_group_records`)."""
         by_group: dict[str, list[tuple[bytes, bytes | None]]] = {}
@@ -452,9 +451,9 @@ class Coordination:
             kind, ident, _ = decode_offset_record(key, value)
             by_group.setdefault(ident[0] if kind == "offset" else ident, []).append((key, value))
         waits = [w for group_id, recs in by_group.items() if (w := self.apply_group_records(group_id, recs))]
-        return _all(waits) if waits else None
+        return AnsweredWhenDurable(self.broker, [d for w in waits for d in w.durability], None) if waits else None
 
-    def flush_group_records(self) -> Awaitable[None] | None:
+    def flush_group_records(self) -> AnsweredWhenDurable | None:
         """Persist membership changes (completed rebalances, groups becoming empty); what the
         answer must wait for, as :meth:`apply_group_records` returns."""
         return self.apply_records_by_group(self.groups.take_records())

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from oncelog.coordinator.group.group_coordinator import JoinResult, SyncResult
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request, td_ms
+from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.authz import Op, R, allowed, authorized_operations
 
 if TYPE_CHECKING:
@@ -101,16 +102,12 @@ async def _durable(wait: Awaitable[None] | None) -> None:
         await wait
 
 
-def _answer_when_durable(wait: Awaitable[None] | None, response: dict[str, Any]
-                         ) -> dict[str, Any] | Awaitable[dict[str, Any]]:
-    """``response`` now, or once ``wait`` (the records' fsync, off the loop) is done."""
-    if wait is None:
-        return response
-
-    async def later() -> dict[str, Any]:
-        await wait
-        return response
-    return later()
+def _answer_when_durable(wait: AnsweredWhenDurable | None, response: dict[str, Any]
+                         ) -> dict[str, Any] | AnsweredWhenDurable:
+    """``response`` now, or once ``wait`` (the records' fsync, off the loop) is done: an
+    ``AnsweredWhenDurable``, so the connection handles later requests meanwhile, and a client gone
+    before it is awaited leaves no coroutine behind."""
+    return response if wait is None else wait.answering(response)
 
 
 def _offsets_in(topics: Any) -> list[tuple[str, int, int, int, str | None]]:
