@@ -71,9 +71,9 @@ power-cut: setup
 	$(BIN)/python -m tests.faults.power_cut --lazyfs "$$ONCELOG_LAZYFS" --mode both \
 		--rounds $(POWER_CUT_ROUNDS) --seed $${SEED:-1} --python "$(POWER_CUT_PYTHON)"
 
-# Long adversarial runs (about 20 minutes): the transaction model for 12,000 steps, 1,000 power cuts
+# Long adversarial runs (about an hour): the transaction model for 12,000 steps, 1,000 power cuts
 # per fsync mode on the recording file system, and, when ONCELOG_LAZYFS names a LazyFS binary, the
-# power cuts through LazyFS too.
+# power cuts through LazyFS too, and the socket fuzz for 15 minutes per fsync mode.
 fuzz: setup
 	ONCELOG_MODEL_EXAMPLES=400 $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 0 \
 		tests/transactions/test_txn_model.py
@@ -83,7 +83,7 @@ fuzz: setup
 		-p no:cacheprovider --timeout 0 tests/storage/test_power_cut.py
 	@if [ -n "$$ONCELOG_LAZYFS" ]; then $(MAKE) power-cut; \
 		else echo "fuzz: ONCELOG_LAZYFS is not set; the LazyFS power cuts were not run (make power-cut)"; fi
-	ONCELOG_FUZZ_SECONDS=$${ONCELOG_FUZZ_SECONDS:-1800} ONCELOG_FUZZ_SEED=$${SEED:-1} $(BIN)/python -m pytest -q \
+	ONCELOG_FUZZ_SECONDS=$${ONCELOG_FUZZ_SECONDS:-900} ONCELOG_FUZZ_SEED=$${SEED:-1} $(BIN)/python -m pytest -q \
 		-p no:cacheprovider --timeout 0 -s tests/server/test_fuzz_requests.py -k socket_fuzz
 
 clean:

@@ -354,10 +354,14 @@ def check_after_restart(bootstrap: str, report: Report) -> None:
 
 # --- the whole run ---------------------------------------------------------------------------------
 
-def start_broker(data_dir: Path, log_path: Path, port: int | None = None) -> BrokerProcess:
+def start_broker(data_dir: Path, log_path: Path, port: int | None = None,
+                 flush_every_append: bool = False) -> BrokerProcess:
+    """``flush_every_append``: every answer that acknowledges an append waits for its fsync, so
+    produces take the connection's held-answer path (``AnsweredWhenDurable``) under the fuzz."""
+    extra = ("--flush-every-append",) if flush_every_append else ()
     return oncelog_broker(data_dir, "--auto-create-topics", "--transaction-max-timeout-ms", str(TXN_MAX_TIMEOUT_MS),
                           "--transaction-abort-interval-ms", "1000", "--group-initial-rebalance-delay-ms", "0",
-                          log_path=log_path, port=port).start()
+                          *extra, log_path=log_path, port=port).start()
 
 
 def protected_producer_ids(bootstrap: str) -> set[int]:
@@ -369,11 +373,12 @@ def protected_producer_ids(bootstrap: str) -> set[int]:
     return {int(s.producer_id) for t in resp.topics for p in t.partitions for s in p.active_producers}
 
 
-def run_fuzz(tmp: Path, *, seconds: float, seed: int = 1, connections: int = 12) -> Report:
+def run_fuzz(tmp: Path, *, seconds: float, seed: int = 1, connections: int = 12,
+             flush_every_append: bool = False) -> Report:
     report = Report()
     started = time.monotonic()
     log_path = tmp / "broker.log"
-    b = start_broker(tmp / "data", log_path)
+    b = start_broker(tmp / "data", log_path, flush_every_append=flush_every_append)
     try:
         create_topic(b.bootstrap, GOOD_IDEM, 2)
         create_topic(b.bootstrap, GOOD_TXN, 2)
@@ -418,7 +423,8 @@ def run_fuzz(tmp: Path, *, seconds: float, seed: int = 1, connections: int = 12)
         report.bad_log_lines = [line for line in log_path.read_text(errors="replace").splitlines()
                                 if BAD_LOG.search(line)]
         b.kill()  # kill -9
-        b = start_broker(tmp / "data", tmp / "broker-restarted.log", port=b.port)
+        b = start_broker(tmp / "data", tmp / "broker-restarted.log", port=b.port,
+                         flush_every_append=flush_every_append)
         t1 = time.monotonic()
         check_after_restart(b.bootstrap, report)
         report.phases["restart+read"] = time.monotonic() - t1

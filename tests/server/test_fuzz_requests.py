@@ -315,10 +315,13 @@ def test_regression_txn_offset_commit_larger_than_max_message_bytes(tmp_path: Pa
 RSS_GROWTH_BOUND = 128 << 20
 
 
-def test_socket_fuzz_beside_real_clients(tmp_path: Path) -> None:
-    seconds = float(os.environ.get("ONCELOG_FUZZ_SECONDS", "20"))
+@pytest.mark.parametrize("flush_every_append", [False, True], ids=["background-fsync", "fsync-every-append"])
+def test_socket_fuzz_beside_real_clients(tmp_path: Path, flush_every_append: bool) -> None:
+    """Under --flush-every-append every produce answer waits for its fsync, so the fuzz also meets
+    the connection's held answers (requests handled, and arriving, while an answer waits)."""
+    seconds = float(os.environ.get("ONCELOG_FUZZ_SECONDS", "20" if not flush_every_append else "12"))
     seed = int(os.environ.get("ONCELOG_FUZZ_SEED", "1"))
-    report = run_fuzz(tmp_path, seconds=seconds, seed=seed, connections=12)
+    report = run_fuzz(tmp_path, seconds=seconds, seed=seed, connections=12, flush_every_append=flush_every_append)
     print(f"fuzz: {report.requests} requests ({report.kinds}), {report.answered} answered, "
           f"{report.reconnects} connections; good clients: {len(report.idem_delivered)} idempotent, "
           f"{len(report.txn_committed)} committed, {len(report.txn_aborted)} aborted, {len(report.consumed)} "
