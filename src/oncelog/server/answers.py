@@ -24,8 +24,9 @@ class AnsweredWhenDurable:
 
     Awaiting it returns ``response`` at once when the logs are already synced that far (a group
     commit has covered it), without a coroutine; otherwise it waits for ``Broker.durable``. Nothing
-    runs for it until then: the produce handler has already asked for the fsync
-    (``Broker.sync_soon``). A connection that wants to handle new requests while it waits uses
+    runs for it until then (so one never awaited, its client gone, leaves nothing behind): whoever
+    appended has already asked for the fsync (``Broker.sync_soon``: the produce handler, the
+    coordinator's group records). A connection that wants to handle new requests while it waits uses
     :meth:`fsync_future` instead, which needs no task.
     """
 
