@@ -26,6 +26,7 @@ class FakeLog:
     """The slice of PartitionLog that the group commit uses."""
 
     name = "t-0"
+    topic, partition = "t", 0
 
     def __init__(self, fail_after: int | None = None) -> None:
         self.log_end = 0
@@ -65,6 +66,9 @@ class GroupCommit:
 
     def storage_failed(self, exc: BaseException) -> None:
         self.failed.append(exc)
+
+    def notify_append(self, tp: tuple[str, int]) -> None:
+        pass
 
 
 def run_in_thread(coro_fn: Any, timeout_s: float) -> Any:

@@ -422,6 +422,7 @@ class Broker:
         if error is None:
             plog.mark_synced(end)
             fut.set_result(None)
+            self.notify_append((plog.topic, plog.partition))  # readable now (``PartitionLog.readable_end``)
         else:
             if isinstance(error, OSError):
                 try:

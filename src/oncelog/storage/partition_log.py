@@ -6,7 +6,9 @@ was fsynced: a recovery point). The log directory's ``recovery-point-offset-chec
 (``recovery_checkpoint``) holds the later recovery points that periodic flushes reached without a
 snapshot; ``recovery-point`` (older versions) is still read.
 
-Offsets: ``log_start_offset`` <= ``last_stable_offset`` <= ``high_watermark`` == ``log_end_offset``
+Offsets: ``log_start_offset`` <= ``last_stable_offset`` <= ``high_watermark`` == ``log_end_offset``;
+clients see ``readable_stable_offset`` <= ``readable_end`` <= ``high_watermark`` (bounded by what is
+fsynced where every append must be durable first)
 (a single node: everything written is "replicated"). The LSO is the first offset of the earliest
 open transaction, or the high watermark when none is open.
 
@@ -150,6 +152,9 @@ class PartitionLog:
         self.epochs = LeaderEpochCache(directory)
         self._epoch_unwritten = False
         self._load()
+        # What the log held when it was loaded is readable at once, fsynced or not: it survived the
+        # restart, and Kafka's high watermark after recovery is the log end too (``readable_end``).
+        self._loaded_end = self.log_end_offset
         self.epochs.truncate_from_end(self.log_end_offset)
         self.epochs.truncate_from_start(self.log_start_offset)
         self._roll_jitter_ms = self._jitter_for(self.active.base_offset)
@@ -166,6 +171,27 @@ class PartitionLog:
     @property
     def high_watermark(self) -> int:
         return self.active.next_offset
+
+    @property
+    def readable_end(self) -> int:
+        """The high watermark clients see (Fetch, ListOffsets, DeleteRecords): the log end, except
+        where every append must be durable before it is acknowledged (``flush_every_append``,
+        ``flush.messages=1``): there only what is fsynced (``synced_end``). Kafka flushes inside the
+        append there, before the high watermark moves, so no consumer reads a record a power cut can
+        still take back; our appends are fsynced after, by the group commit, so reads stop at what it
+        has made durable (and what the log held when it was loaded: it survived the restart). The
+        internal offsets (``high_watermark``, ``last_stable_offset``) stay what the log holds: replay
+        computes them the same way whatever was fsynced."""
+        end = self.active.next_offset
+        cfg = self.config
+        if cfg.flush_every_append or cfg.flush_messages <= 1:
+            return min(end, max(self.synced_end, self._loaded_end))
+        return end
+
+    @property
+    def readable_stable_offset(self) -> int:
+        """The last stable offset clients see: never above :attr:`readable_end`."""
+        return min(self.last_stable_offset, self.readable_end)
 
     @property
     def last_stable_offset(self) -> int:

@@ -31,8 +31,8 @@ READ_COMMITTED = 1
 
 def _partition_error(index: int, code: ErrorCode, plog: Any = None) -> dict[str, Any]:
     return {"partition_index": index, "error_code": code,
-            "high_watermark": plog.high_watermark if plog is not None else -1,
-            "last_stable_offset": plog.last_stable_offset if plog is not None else -1,
+            "high_watermark": plog.readable_end if plog is not None else -1,
+            "last_stable_offset": plog.readable_stable_offset if plog is not None else -1,
             "log_start_offset": plog.log_start_offset if plog is not None else -1,
             "aborted_transactions": None, "preferred_read_replica": -1, "records": b""}
 
@@ -65,7 +65,7 @@ def read_fetch(broker: Broker, body: Any, isolation_level: int, max_bytes: int,
                 parts.append(_partition_error(index, epoch_error, plog))
                 errored = True
                 continue
-            upper = plog.last_stable_offset if isolation_level == READ_COMMITTED else plog.high_watermark
+            upper = plog.readable_stable_offset if isolation_level == READ_COMMITTED else plog.readable_end
             fetch_offset = fp.fetch_offset
             last_fetched_epoch = getattr(fp, "last_fetched_epoch", -1)
             if last_fetched_epoch >= 0:
@@ -105,7 +105,7 @@ def read_fetch(broker: Broker, body: Any, isolation_level: int, max_bytes: int,
             if isolation_level == READ_COMMITTED and aborted is None:
                 aborted = []
             parts.append({"partition_index": index, "error_code": ErrorCode.none,
-                          "high_watermark": plog.high_watermark, "last_stable_offset": plog.last_stable_offset,
+                          "high_watermark": plog.readable_end, "last_stable_offset": plog.readable_stable_offset,
                           "log_start_offset": plog.log_start_offset, "aborted_transactions": aborted,
                           "preferred_read_replica": -1, "records": data})
         topics_out.append({"topic": topic, "partitions": parts})
@@ -156,7 +156,7 @@ def _visible_ends(broker: Broker, partitions: list[tuple[str, int]], isolation_l
     for topic, index in partitions:
         plog = broker.logs.get_partition(topic, index)
         out.append(None if plog is None else
-                   (plog.last_stable_offset if isolation_level else plog.high_watermark, plog.log_start_offset))
+                   (plog.readable_stable_offset if isolation_level else plog.readable_end, plog.log_start_offset))
     return out
 
 

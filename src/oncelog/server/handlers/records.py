@@ -57,7 +57,7 @@ def handle_delete_records(broker: Broker, req: Request) -> dict[str, Any]:
             elif not _deletes(plog.config.cleanup_policy):
                 entry["error_code"] = ErrorCode.policy_violation
             else:
-                offset = plog.high_watermark if p.offset == HIGH_WATERMARK else p.offset
+                offset = plog.readable_end if p.offset == HIGH_WATERMARK else p.offset
                 try:
                     before = plog.log_start_offset
                     entry["low_watermark"] = plog.delete_records(offset)
