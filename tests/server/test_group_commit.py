@@ -27,6 +27,7 @@ class FakeLog:
 
     name = "t-0"
     topic, partition = "t", 0
+    reads_wait_for_fsync = True  # flush_every_append
 
     def __init__(self, fail_after: int | None = None) -> None:
         self.log_end = 0

@@ -105,3 +105,31 @@ def test_with_the_background_fsync_records_are_readable_at_once(tmp_path: Path, 
         assert _latest(ib) == 2
     finally:
         ib.close()
+
+
+
+@pytest.mark.parametrize("flush_every_append", [False, True])
+def test_an_fsync_wakes_fetches_only_where_reads_wait_for_it(tmp_path: Path, flush_every_append: bool) -> None:
+    """The group commit also fsyncs under background fsync (a transaction's data, ``sync_behind``);
+    there reads never wait for an fsync, so recording one must not wake the waiting fetches."""
+    ib = _broker(tmp_path, flush_every_append=flush_every_append)
+    try:
+        plog = ib.broker.logs.partitions()[(TOPIC, 0)]
+        woken: list[object] = []
+        real = ib.broker.notify_append
+
+        def recording(tp: tuple[str, int]) -> None:
+            woken.append(tp)
+            real(tp)
+
+        ib.broker.notify_append = recording  # type: ignore[method-assign]
+        assert ib.produce(TOPIC, 0, batch(2, value=b"v")) == 0
+        if flush_every_append:  # the append, then the fsync that made it readable
+            assert woken == [(TOPIC, 0), (TOPIC, 0)] and plog.synced_end == 2
+            return
+        assert woken == [(TOPIC, 0)] and plog.synced_end == 0
+        ib.loop.run_until_complete(ib.broker.durable(plog, plog.log_end_offset))  # a group-commit fsync
+        assert plog.synced_end == 2
+        assert woken == [(TOPIC, 0)], "an fsync woke the fetches although reads never wait for one"
+    finally:
+        ib.close()

@@ -422,7 +422,8 @@ class Broker:
         if error is None:
             plog.mark_synced(end)
             fut.set_result(None)
-            self.notify_append((plog.topic, plog.partition))  # readable now (``PartitionLog.readable_end``)
+            if plog.reads_wait_for_fsync:  # more is readable now (``PartitionLog.readable_end``)
+                self.notify_append((plog.topic, plog.partition))
         else:
             if isinstance(error, OSError):
                 try:

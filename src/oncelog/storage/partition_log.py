@@ -183,10 +183,17 @@ class PartitionLog:
         internal offsets (``high_watermark``, ``last_stable_offset``) stay what the log holds: replay
         computes them the same way whatever was fsynced."""
         end = self.active.next_offset
-        cfg = self.config
-        if cfg.flush_every_append or cfg.flush_messages <= 1:
+        if self.reads_wait_for_fsync:
             return min(end, max(self.synced_end, self._loaded_end))
         return end
+
+    @property
+    def reads_wait_for_fsync(self) -> bool:
+        """Every append must be durable before it is acknowledged (``flush_every_append``,
+        ``flush.messages=1``), so clients read only what is fsynced (:attr:`readable_end`), and an
+        fsync recorded can make more readable; otherwise reads never wait for an fsync."""
+        cfg = self.config
+        return cfg.flush_every_append or cfg.flush_messages <= 1
 
     @property
     def readable_stable_offset(self) -> int:
