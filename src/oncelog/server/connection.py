@@ -90,9 +90,10 @@ class _Pending:
 
     def discard(self) -> None:
         """Never to be awaited (the connection is gone before its task ran): close or cancel it, so
-        that no coroutine is left unawaited and no future's exception unretrieved."""
+        that no coroutine is left unawaited and no future's exception unretrieved (an
+        ``AnsweredWhenDurable`` runs nothing until awaited: nothing to stop)."""
         aw = self.awaitable
-        if inspect.iscoroutine(aw) or isinstance(aw, AnsweredWhenDurable):
+        if inspect.iscoroutine(aw):
             aw.close()
         elif isinstance(aw, asyncio.Future):
             aw.cancel()

@@ -414,8 +414,7 @@ class Coordination:
         plog.append(batch, origin=AppendOrigin.COORDINATOR, defer_sync=running)
         if not running or plog.synced_end >= plog.log_end_offset or not plog.must_sync:
             return None
-        self.broker.sync_soon(plog)
-        return AnsweredWhenDurable(self.broker, [(plog, plog.log_end_offset)], None)
+        return AnsweredWhenDurable.after_appends(self.broker, [(plog, plog.log_end_offset)], None)
 
     @staticmethod
     def _in_background(wait: Awaitable[None] | None) -> None:

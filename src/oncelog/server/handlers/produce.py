@@ -131,6 +131,4 @@ def handle_produce(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[d
     response = None if body.acks == 0 else {"responses": responses, "throttle_time": throttle}
     if not durability:
         return response
-    for plog, _ in durability:
-        broker.sync_soon(plog)
-    return AnsweredWhenDurable(broker, durability, response)
+    return AnsweredWhenDurable.after_appends(broker, durability, response)
