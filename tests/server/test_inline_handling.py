@@ -10,6 +10,7 @@ import os
 import socket
 import struct
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +235,28 @@ def test_pipelined_produces_that_wait_for_their_fsync_share_it_and_keep_their_or
         ib.close()
 
 
+def _lose_connections(ib: InProcessBroker, frames: Callable[[int], bytes], passes: tuple[int, ...]) -> None:
+    """For each ``n`` of ``passes``: a connection receives ``frames(n)`` in one read and is lost ``n``
+    passes of the event loop later. Fails if any coroutine was left 'never awaited'."""
+
+    async def scenario(lose_after: int) -> None:
+        conn = KafkaConnection(ib.broker)
+        conn.connection_made(_Transport())  # type: ignore[arg-type]
+        conn.data_received(frames(lose_after))
+        for _ in range(lose_after):
+            await asyncio.sleep(0)
+        conn.connection_lost(ConnectionResetError())
+        for _ in range(20):
+            await asyncio.sleep(0.005)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for lose_after in passes:
+            ib.loop.run_until_complete(scenario(lose_after))
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+
+
 def test_a_connection_lost_while_pipelined_produces_wait_for_their_fsync_leaves_nothing_unawaited(
         tmp_path: Path) -> None:
     """The produces handled before the loss are appended (their records stay; the client gets no
@@ -241,23 +264,8 @@ def test_a_connection_lost_while_pipelined_produces_wait_for_their_fsync_leaves_
     coroutine left unawaited, whichever pass the connection is lost in."""
     ib = _in_process_with_topic(tmp_path, flush_every_append=True)
     try:
-
-        async def scenario(lose_after: int) -> None:
-            conn = KafkaConnection(ib.broker)
-            conn.connection_made(_Transport())  # type: ignore[arg-type]
-            conn.data_received(b"".join(_produce(c) for c in range(1, 6)) + _api_versions(6))
-            for _ in range(lose_after):
-                await asyncio.sleep(0)
-            conn.connection_lost(ConnectionResetError())
-            for _ in range(20):
-                await asyncio.sleep(0.005)
-
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for lose_after in (0, 1, 2, 3, 5):
-                ib.loop.run_until_complete(scenario(lose_after))
-            gc.collect()
-        assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+        _lose_connections(ib, lambda _: b"".join(_produce(c) for c in range(1, 6)) + _api_versions(6),
+                          (0, 1, 2, 3, 5))
         # Each run's first produce is handled in data_received; frames not yet handled when the
         # connection goes are dropped with it (as Kafka drops a closed connection's requests).
         plog = ib.broker.logs.partitions()[(TOPIC, 0)]
@@ -445,23 +453,7 @@ def test_a_connection_lost_while_offset_commits_wait_for_their_fsync_leaves_noth
     is left behind, whichever pass the connection is lost in."""
     ib = _in_process_with_topic(tmp_path, flush_every_append=True)
     try:
-
-        async def scenario(lose_after: int) -> None:
-            conn = KafkaConnection(ib.broker)
-            conn.connection_made(_Transport())  # type: ignore[arg-type]
-            conn.data_received(_offset_commit(1, 10 + lose_after) + _offset_commit(2, 20 + lose_after))
-            for _ in range(lose_after):
-                await asyncio.sleep(0)
-            conn.connection_lost(ConnectionResetError())
-            for _ in range(20):
-                await asyncio.sleep(0.005)
-
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for lose_after in (0, 1, 2, 3):
-                ib.loop.run_until_complete(scenario(lose_after))
-            gc.collect()
-        assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+        _lose_connections(ib, lambda n: _offset_commit(1, 10 + n) + _offset_commit(2, 20 + n), (0, 1, 2, 3))
         r = ib.call(9, 8, {"groups": [{"group_id": "g", "topics": [{"name": TOPIC, "partition_indexes": [0]}]}],
                            "require_stable": True})
         assert r.groups[0].topics[0].partitions[0].committed_offset == 23
