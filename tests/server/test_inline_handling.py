@@ -9,6 +9,7 @@ import gc
 import os
 import socket
 import struct
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -459,3 +460,81 @@ def test_a_connection_lost_while_offset_commits_wait_for_their_fsync_leaves_noth
         assert r.groups[0].topics[0].partitions[0].committed_offset == 23
     finally:
         ib.close()
+
+
+def _fetch_now(corr: int, max_bytes: int) -> bytes:  # answered at once, up to max_bytes of records
+    return _frame(1, 11, corr, {
+        "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": max_bytes, "isolation_level": 0,
+        "session_id": 0, "session_epoch": -1, "rack_id": "",
+        "topics": [{"topic": TOPIC, "partitions": [{"partition": 0, "current_leader_epoch": -1,
+                                                     "fetch_offset": 0, "log_start_offset": -1,
+                                                     "partition_max_bytes": max_bytes}]}],
+        "forgotten_topics_data": []})
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_a_client_that_never_reads_while_its_answers_wait_for_fsyncs_costs_bounded_memory(tmp_path: Path) -> None:
+    """The held-answer path meets a client that never reads: it pipelines produces (each answer
+    waits for its fsync, under --flush-every-append) alternating with fetches of 512 KiB (answered at
+    once, so held behind the produce before them): 10 GiB of answers. The connection must stop
+    handling and reading it once about a send buffer's worth waits, whether in the held answers or
+    in the transport; its memory stays bounded, another client is served meanwhile, and when the
+    client reads at last its answers come in request order."""
+    cfg = tmp_path / "broker.toml"
+    # Many requests may queue, so that what bounds the held answers is their bytes, not their count.
+    cfg.write_text("socket_send_buffer_high_bytes = 1048576\nqueued_max_requests_per_connection = 2000\n")
+    b = oncelog_broker(tmp_path / "data", "--flush-every-append", "--config", str(cfg),
+                       log_path=tmp_path / "broker.log").start()
+    try:
+        create_topic(b.bootstrap, TOPIC, 1)
+        filler = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 5})
+        for i in range(512):
+            filler.produce(TOPIC, b"%06d" % i + b"x" * 1018)
+        assert filler.flush(30) == 0
+        assert b.proc is not None
+        base = _rss_kib(b.proc.pid)
+        pair = bytearray(_produce(0))
+        fetch_at = len(pair)
+        pair += _fetch_now(1, 512 * 1024)
+        pairs = []
+        for i in range(100_000):  # 23 MB of requests (far more than the kernel's buffers take), 50 GiB of answers
+            struct.pack_into(">i", pair, 8, 2 * i)  # the correlation ids
+            struct.pack_into(">i", pair, fetch_at + 8, 2 * i + 1)
+            pairs.append(bytes(pair))
+        pending = memoryview(b"".join(pairs))
+        s = socket.create_connection((b.host, b.port))
+        s.setblocking(False)
+        sent = 0
+        stalled_since = None
+        deadline = time.monotonic() + 30
+        while sent < len(pending) and time.monotonic() < deadline:
+            try:
+                sent += s.send(pending[sent:sent + (1 << 16)])
+                stalled_since = None
+            except BlockingIOError:
+                stalled_since = stalled_since or time.monotonic()
+                if time.monotonic() - stalled_since > 3:
+                    break  # the broker stopped reading us
+                time.sleep(0.05)
+        assert sent < len(pending), "the broker kept reading a client that never reads"
+        grown_mib = (_rss_kib(b.proc.pid) - base) / 1024
+        ok = Producer({"bootstrap.servers": b.bootstrap, "enable.idempotence": True})
+        delivered: list[object] = []
+        for _ in range(50):
+            ok.produce(TOPIC, b"ok", on_delivery=lambda err, msg: delivered.append(err))
+        assert ok.flush(20) == 0 and delivered == [None] * 50
+        print(f"broker RSS grew {grown_mib:.1f} MiB; {sent} of {len(pending)} request bytes accepted")
+        assert grown_mib < 64, f"broker grew {grown_mib:.0f} MiB for a client that never reads"
+        s.setblocking(True)
+        s.settimeout(20)
+        assert _correlation_ids(s, 300) == list(range(300))
+        s.close()
+        assert "internal error" not in (tmp_path / "broker.log").read_text()
+    finally:
+        b.kill()
