@@ -389,18 +389,30 @@ class Workload:
         except threading.BrokenBarrierError:
             raise HarnessError(f"producers did not initialise within 30 s: {self.errors}") from None
 
-    def _run(self, i: int) -> None:
-        rng = random.Random(self._seeds[i])
+    def _ready_or_abort(self, make: Callable[[], Producer], what: str) -> Producer | None:
+        """``make()`` a producer, then wait at the barrier until every producer is made; None (and the
+        barrier broken for all, the error recorded) when one could not be made."""
         try:
-            p = Producer(self.producer_config(self.transactional_id(i)))
-            p.init_transactions(30)
+            p = make()
         except KafkaException as exc:
-            self.errors.append(f"producer {i} init: {exc}")
+            self.errors.append(f"{what}: {exc}")
             self._ready.abort()
-            return
+            return None
         try:
             self._ready.wait()
         except threading.BrokenBarrierError:
+            return None
+        return p
+
+    def _transactional(self, i: int) -> Producer:
+        p = Producer(self.producer_config(self.transactional_id(i)))
+        p.init_transactions(30)
+        return p
+
+    def _run(self, i: int) -> None:
+        rng = random.Random(self._seeds[i])
+        p = self._ready_or_abort(lambda: self._transactional(i), f"producer {i} init")
+        if p is None:
             return
         try:
             self._transactions(i, p, rng)
@@ -456,15 +468,8 @@ class Workload:
                 "error_cb": self._client_error}
 
     def _plain_run(self) -> None:
-        try:
-            p = Producer(self.plain_config())
-        except KafkaException as exc:
-            self.errors.append(f"plain producer: {exc}")
-            self._ready.abort()
-            return
-        try:
-            self._ready.wait()
-        except threading.BrokenBarrierError:
+        p = self._ready_or_abort(lambda: Producer(self.plain_config()), "plain producer")
+        if p is None:
             return
         try:
             self._plain_stream(p)
