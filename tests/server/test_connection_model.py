@@ -1,0 +1,301 @@
+"""A model-based test of a connection's held answers (``KafkaConnection`` under ``--flush-every-append``).
+
+Hypothesis drives one connection of an in-process broker through any interleaving of: requests
+arriving in arbitrary chunks (produces that wait for their fsync with acks=-1 or 1, produces with
+acks=0 that get no answer, fetches answered at once with records, Metadata, ApiVersions), the group
+commit's fsyncs returning one at a time (a manual executor stands in for the sync threads), passes of
+the event loop, the client not reading (``pause_writing``) and reading again, and the connection
+being lost. The reference model is a list: the requests sent, in order, and whether each is answered.
+
+Invariants, after every step:
+- the answers written are a prefix of the answered requests, in request order;
+- no produce is acknowledged before its records are fsynced (the partition's synced end when its
+  answer was written covers the offsets it reports);
+- while the client does not read, the connection stops reading it;
+- nothing is written after the connection is lost.
+And at the end, once the client reads and every fsync has returned: every answered request has its
+answer (nothing is stuck behind a held one), and no coroutine was left 'never awaited'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import gc
+import struct
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from oncelog.protocol.messages import build, decode_response, encode_request, request_type
+from oncelog.server.connection import KafkaConnection
+from tests.inproc import InProcessBroker
+from tests.storage.helpers import batch
+
+TOPIC = "model"
+PARTITIONS = 2
+
+
+class ManualExecutor:
+    """The broker's sync threads, run by hand: a submitted fsync runs when the test says so."""
+
+    def __init__(self) -> None:
+        self.jobs: deque[tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple[Any, ...]]] = deque()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.jobs.append((fut, fn, args))
+        return fut
+
+    def run(self, index: int) -> None:
+        fut, fn, args = self.jobs[index]
+        del self.jobs[index]
+        fut.set_result(fn(*args))
+
+    def shutdown(self, wait: bool = True, **_: Any) -> None:
+        while self.jobs:
+            self.run(0)
+
+
+class Transport:
+    """Just enough of an asyncio transport: the byte stream written, cut into answers, each with the
+    partitions' synced ends at the moment it was written."""
+
+    def __init__(self, synced_ends: Callable[[], list[int]]) -> None:
+        self.synced_ends = synced_ends
+        self.stream = bytearray()
+        self.answers: list[tuple[bytes, list[int]]] = []  # (frame without its size, synced ends then)
+        self.closed = False
+        self.reading = True
+        self.written_after_close = 0
+
+    def get_extra_info(self, name: str) -> object:
+        return ("127.0.0.1", 5555) if name == "peername" else None
+
+    def set_write_buffer_limits(self, high: int, low: int) -> None:
+        pass
+
+    def writelines(self, data: list[bytes]) -> None:
+        if self.closed:
+            self.written_after_close += 1
+        for d in data:
+            self.stream += d
+        ends = self.synced_ends()
+        while len(self.stream) >= 4:
+            size = struct.unpack_from(">i", self.stream)[0]
+            if len(self.stream) < 4 + size:
+                break
+            self.answers.append((bytes(self.stream[4:4 + size]), ends))
+            del self.stream[:4 + size]
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _frame(api_key: int, version: int, corr: int, fields: dict[str, object]) -> bytes:
+    return encode_request(api_key, version, corr, build(request_type(api_key, version), fields))
+
+
+def _request(kind: str, corr: int, partition: int) -> tuple[bytes, int | None]:
+    """The frame, and the API key of its answer (None: no answer, acks=0)."""
+    if kind.startswith("produce"):
+        acks = {"produce_all": -1, "produce_leader": 1, "produce_none": 0}[kind]
+        frame = _frame(0, 9, corr, {"transactional_id": None, "acks": acks, "timeout": 30000, "topic_data": [
+            {"name": TOPIC, "partition_data": [{"index": partition, "records": batch(2, value=b"c%d" % corr)}]}]})
+        return frame, (None if acks == 0 else 0)
+    if kind == "fetch":
+        return _frame(1, 11, corr, {
+            "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 16, "isolation_level": 0,
+            "session_id": 0, "session_epoch": -1, "rack_id": "",
+            "topics": [{"topic": TOPIC, "partitions": [{"partition": partition, "current_leader_epoch": -1,
+                                                         "fetch_offset": 0, "log_start_offset": -1,
+                                                         "partition_max_bytes": 1 << 16}]}],
+            "forgotten_topics_data": []}), 1
+    if kind == "metadata":
+        return _frame(3, 12, corr, {"topics": None, "allow_auto_topic_creation": False,
+                                    "include_topic_authorized_operations": False}), 3
+    return _frame(18, 3, corr, {"client_software_name": "t", "client_software_version": "1"}), 18
+
+
+VERSIONS = {0: 9, 1: 11, 3: 12, 18: 3}
+KINDS = st.sampled_from(["produce_all", "produce_all", "produce_leader", "produce_none", "fetch", "metadata",
+                         "api_versions"])
+
+
+class HeldAnswers(RuleBasedStateMachine):
+    ib: InProcessBroker  # set by the test: one broker for every example (each has its own connection)
+    executor: ManualExecutor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = self.ib.loop
+        self._settle()  # what an earlier example left (one that failed midway) must not steer this one
+        self.logs = [self.ib.broker.logs.partitions()[(TOPIC, p)] for p in range(PARTITIONS)]
+        self.transport = Transport(lambda: [plog.synced_end for plog in self.logs])
+        self.conn = KafkaConnection(self.ib.broker)
+        self._in_loop(self.conn.connection_made, self.transport)
+        self.corr = 0
+        self.expected: list[tuple[int, int]] = []  # (correlation id, API key) of each answered request
+        self.unsent = b""  # a frame's tail not yet delivered (a chunk may end inside a frame)
+        self.lost = False
+        self.paused = False
+
+    def _settle(self) -> None:
+        """Run the loop and return every fsync until the group commit is idle."""
+        broker = self.ib.broker
+        for _ in range(100):
+            while self.executor.jobs:
+                self.executor.run(0)
+            self._pass(3)
+            if not (self.executor.jobs or broker._wanted or broker._syncing):
+                return
+        raise AssertionError("the group commit never became idle")
+
+    def _in_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Call ``fn`` as a transport calls its protocol: from the running event loop."""
+        async def call() -> None:
+            fn(*args)
+        self.loop.run_until_complete(call())
+
+    def _pass(self, n: int = 1) -> None:
+        async def passes() -> None:
+            for _ in range(n):
+                await asyncio.sleep(0)
+        self.loop.run_until_complete(passes())
+
+    @precondition(lambda self: not self.lost)
+    @rule(kinds=st.lists(st.tuples(KINDS, st.integers(0, PARTITIONS - 1)), min_size=1, max_size=6),
+          cut=st.integers(0, 400))
+    def send(self, kinds: list[tuple[str, int]], cut: int) -> None:
+        """Requests arrive in one read, its last ``cut`` bytes held for a later read."""
+        data = self.unsent
+        for kind, partition in kinds:
+            self.corr += 1
+            frame, api = _request(kind, self.corr, partition)
+            data += frame
+            if api is not None:
+                self.expected.append((self.corr, api))
+        cut = min(cut, len(data) - 1)
+        now, self.unsent = data[:len(data) - cut], data[len(data) - cut:]
+        self._in_loop(self.conn.data_received, now)
+
+    @precondition(lambda self: not self.lost and self.unsent)
+    @rule()
+    def send_rest(self) -> None:
+        data, self.unsent = self.unsent, b""
+        self._in_loop(self.conn.data_received, data)
+
+    @precondition(lambda self: self.executor.jobs)
+    @rule(data=st.data())
+    def fsync_returns(self, data: st.DataObject) -> None:
+        """One of the running fsyncs returns (fsyncs of different partitions finish in any order)."""
+        self.executor.run(data.draw(st.integers(0, len(self.executor.jobs) - 1)))
+        self._pass()
+
+    @rule(n=st.integers(1, 4))
+    def loop_passes(self, n: int) -> None:
+        self._pass(n)
+
+    @precondition(lambda self: not self.lost and not self.paused)
+    @rule()
+    def client_stops_reading(self) -> None:
+        self.paused = True
+        self._in_loop(self.conn.pause_writing)
+
+    @precondition(lambda self: not self.lost and self.paused)
+    @rule()
+    def client_reads_again(self) -> None:
+        self.paused = False
+        self._in_loop(self.conn.resume_writing)
+
+    @precondition(lambda self: not self.lost)
+    @rule()
+    def connection_lost(self) -> None:
+        self.lost = True
+        self.written_at_loss = len(self.transport.answers)
+        self._in_loop(self.conn.connection_lost, ConnectionResetError())
+
+    @invariant()
+    def answers_in_request_order_and_after_their_fsync(self) -> None:
+        answers = self.transport.answers
+        assert len(answers) <= len(self.expected)
+        for (frame, ends), (corr, api) in zip(answers, self.expected, strict=False):
+            got = struct.unpack_from(">i", frame)[0]  # every response header starts with it
+            assert got == corr, f"answer {got} where {corr} was due: {[c for c, _ in self.expected]}"
+            body = decode_response(api, VERSIONS[api], frame)[1]
+            if api == 0:
+                for topic in body.responses:
+                    for part in topic.partition_responses:
+                        assert part.error_code == 0, part
+                        assert ends[part.index] >= part.base_offset + 2, \
+                            f"produce {corr} acknowledged before its fsync: {part.base_offset} + 2 > {ends}"
+
+    @invariant()
+    def a_client_that_does_not_read_is_not_read(self) -> None:
+        if self.paused and not self.lost and not self.conn.closed:
+            assert not self.transport.reading
+
+    @invariant()
+    def nothing_after_the_loss(self) -> None:
+        if self.lost:
+            assert len(self.transport.answers) == self.written_at_loss
+
+    def teardown(self) -> None:
+        if not self.lost:
+            if self.paused:
+                self._in_loop(self.conn.resume_writing)
+            if self.unsent:
+                self._in_loop(self.conn.data_received, self.unsent)
+        for _ in range(200):  # every fsync returns, the loop runs until nothing more is written
+            while self.executor.jobs:
+                self.executor.run(0)
+            self._pass(3)
+            if not self.executor.jobs and (self.lost or len(self.transport.answers) == len(self.expected)):
+                break
+        if not self.lost:
+            assert [struct.unpack_from(">i", f)[0] for f, _ in self.transport.answers] == \
+                [c for c, _ in self.expected], "an answered request was never answered"
+            assert not self.conn.closed
+            self._in_loop(self.conn.connection_lost, None)
+        self._pass(3)
+
+
+@pytest.fixture()
+def broker(tmp_path: Path) -> Iterator[InProcessBroker]:
+    ib = InProcessBroker(tmp_path / "d", flush_every_append=True)
+    ib.call(19, 5, {"topics": [{"name": TOPIC, "num_partitions": PARTITIONS, "replication_factor": 1,
+                                "assignments": [], "configs": []}], "timeout_ms": 5000, "validate_only": False})
+    executor = ManualExecutor()
+    real, ib.broker._sync_executor = ib.broker._sync_executor, executor  # type: ignore[assignment]
+    real.shutdown()
+    try:
+        yield ib
+    finally:
+        executor.shutdown()
+        ib.close()
+
+
+def test_held_answers_against_a_list_of_requests(broker: InProcessBroker) -> None:
+    HeldAnswers.ib = broker
+    HeldAnswers.executor = broker.broker._sync_executor  # type: ignore[assignment]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_state_machine_as_test(HeldAnswers, settings=settings(
+            max_examples=120, stateful_step_count=40, deadline=None,
+            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],  # no slow 'explain' tracing
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
