@@ -1,16 +1,21 @@
 """A model-based test of a connection's held answers (``KafkaConnection`` under ``--flush-every-append``).
 
-Hypothesis drives one connection of an in-process broker through any interleaving of: requests
-arriving in arbitrary chunks (produces that wait for their fsync with acks=-1 or 1, produces with
-acks=0 that get no answer, fetches answered at once with records, fetches that wait for their
-max_wait, Metadata, ApiVersions), the group commit's fsyncs returning one at a time (a manual
-executor stands in for the sync threads), passes of the event loop and of time, the client not
-reading (``pause_writing``) and reading again, and the connection being lost. The reference model is a list: the requests sent, in order, and whether each is answered.
+Hypothesis drives one connection of an in-process broker through any interleaving of:
+- requests arriving in arbitrary chunks: produces that wait for their fsync (acks=-1 or 1), produces
+  with acks=0 (no answer), fetches answered at once, fetches that wait for their max_wait, Metadata,
+  ApiVersions, and a transactional producer's AddPartitionsToTxn, produces and EndTxn (commit or
+  abort), whose steps wait for the transaction log's fsyncs;
+- the group commit's fsyncs returning one at a time, in any order (a manual executor stands in for
+  the sync threads);
+- passes of the event loop, and of time;
+- the client not reading (``pause_writing``) and reading again;
+- the connection being lost.
+The reference model is a list: the requests sent, in order, and which of them are answered.
 
 Invariants, after every step:
 - the answers written are a prefix of the answered requests, in request order;
 - no produce is acknowledged before its records are fsynced (the partition's synced end when its
-  answer was written covers the offsets it reports);
+  answer was written covers the offsets it reports); only a transactional produce may be refused;
 - while the client does not read, the connection stops reading it;
 - nothing is written after the connection is lost.
 And at the end, once the client reads and every fsync has returned: every answered request has its
@@ -109,8 +114,39 @@ def _frame(api_key: int, version: int, corr: int, fields: dict[str, object]) -> 
     return encode_request(api_key, version, corr, build(request_type(api_key, version), fields))
 
 
-def _request(kind: str, corr: int, partition: int) -> tuple[bytes, int | None]:
+class Txn:
+    """A transactional producer's identity, and the next sequence number of each partition (counted
+    as sent: a request the broker refuses makes the later ones fail too, which is still a request
+    answered in its turn)."""
+
+    def __init__(self, transactional_id: str, producer_id: int, producer_epoch: int) -> None:
+        self.transactional_id = transactional_id
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.sequences = [0] * PARTITIONS
+
+
+def _txn_request(kind: str, corr: int, partition: int, txn: Txn) -> tuple[bytes, int]:
+    ident = {"producer_id": txn.producer_id, "producer_epoch": txn.producer_epoch}
+    if kind == "txn_add":
+        return _frame(24, 3, corr, {
+            "v3_and_below_transactional_id": txn.transactional_id, "v3_and_below_producer_id": txn.producer_id,
+            "v3_and_below_producer_epoch": txn.producer_epoch,
+            "v3_and_below_topics": [{"name": TOPIC, "partitions": list(range(PARTITIONS))}]}), 24
+    if kind == "txn_produce":
+        seq, txn.sequences[partition] = txn.sequences[partition], txn.sequences[partition] + 2
+        records = batch(2, value=b"t%d" % corr, pid=txn.producer_id, epoch=txn.producer_epoch, seq=seq, txn=True)
+        return _frame(0, 9, corr, {"transactional_id": txn.transactional_id, "acks": -1, "timeout": 30000,
+                                   "topic_data": [{"name": TOPIC, "partition_data": [
+                                       {"index": partition, "records": records}]}]}), 0
+    return _frame(26, 3, corr, {"transactional_id": txn.transactional_id, **ident,
+                                "committed": kind == "txn_commit"}), 26
+
+
+def _request(kind: str, corr: int, partition: int, txn: Txn) -> tuple[bytes, int | None]:
     """The frame, and the API key of its answer (None: no answer, acks=0)."""
+    if kind.startswith("txn"):
+        return _txn_request(kind, corr, partition, txn)
     if kind.startswith("produce"):
         acks = {"produce_all": -1, "produce_leader": 1, "produce_none": 0}[kind]
         frame = _frame(0, 9, corr, {"transactional_id": None, "acks": acks, "timeout": 30000, "topic_data": [
@@ -132,14 +168,16 @@ def _request(kind: str, corr: int, partition: int) -> tuple[bytes, int | None]:
     return _frame(18, 3, corr, {"client_software_name": "t", "client_software_version": "1"}), 18
 
 
-VERSIONS = {0: 9, 1: 11, 3: 12, 18: 3}
+VERSIONS = {0: 9, 1: 11, 3: 12, 18: 3, 24: 3, 26: 3}
 KINDS = st.sampled_from(["produce_all", "produce_all", "produce_leader", "produce_none", "fetch", "fetch_waits",
-                         "metadata", "api_versions"])
+                         "metadata", "api_versions", "txn_add", "txn_produce", "txn_produce", "txn_commit",
+                         "txn_abort"])
 
 
 class HeldAnswers(RuleBasedStateMachine):
     ib: InProcessBroker  # set by the test: one broker for every example (each has its own connection)
     executor: ManualExecutor
+    examples = 0  # each example's transactional producer has a transactional id of its own
 
     def __init__(self) -> None:
         super().__init__()
@@ -149,11 +187,28 @@ class HeldAnswers(RuleBasedStateMachine):
         self.transport = Transport(lambda: [plog.synced_end for plog in self.logs])
         self.conn = KafkaConnection(self.ib.broker)
         self._in_loop(self.conn.connection_made, self.transport)
+        HeldAnswers.examples += 1
+        self.txn = self._init_producer_id(f"tx-{HeldAnswers.examples}")
         self.corr = 0
         self.expected: list[tuple[int, int]] = []  # (correlation id, API key) of each answered request
+        self.transactional: set[int] = set()  # correlation ids of the transactional produces
         self.unsent = b""  # a frame's tail not yet delivered (a chunk may end inside a frame)
         self.lost = False
         self.paused = False
+
+    def _init_producer_id(self, transactional_id: str) -> Txn:
+        """InitProducerId outside the connection (its transaction log append waits for fsyncs)."""
+        started = self.ib.start(22, 4, {"transactional_id": transactional_id, "transaction_timeout": 60_000,
+                                        "producer_id": -1, "producer_epoch": -1})
+        for _ in range(1000):
+            if started.task.done():
+                break
+            while self.executor.jobs:
+                self.executor.run(0)
+            self._pass()
+        r = self.ib.finish(started)
+        assert r.error_code == 0, r
+        return Txn(transactional_id, r.producer_id, r.producer_epoch)
 
     def _settle(self) -> None:
         """Run the loop and return every fsync until the group commit is idle."""
@@ -186,10 +241,12 @@ class HeldAnswers(RuleBasedStateMachine):
         data = self.unsent
         for kind, partition in kinds:
             self.corr += 1
-            frame, api = _request(kind, self.corr, partition)
+            frame, api = _request(kind, self.corr, partition, self.txn)
             data += frame
             if api is not None:
                 self.expected.append((self.corr, api))
+            if kind == "txn_produce":
+                self.transactional.add(self.corr)
         cut = min(cut, len(data) - 1)
         now, self.unsent = data[:len(data) - cut], data[len(data) - cut:]
         self._in_loop(self.conn.data_received, now)
@@ -207,7 +264,7 @@ class HeldAnswers(RuleBasedStateMachine):
         the requests behind it), and what hypothesis draws must not."""
         if self.executor.jobs:
             self.executor.run(which % len(self.executor.jobs))
-        self._pass()
+        self._pass(3)  # recorded, its waiters resumed, their answers written
 
     @rule(n=st.integers(1, 4))
     def loop_passes(self, n: int) -> None:
@@ -248,7 +305,11 @@ class HeldAnswers(RuleBasedStateMachine):
             if api == 0:
                 for topic in body.responses:
                     for part in topic.partition_responses:
-                        assert part.error_code == 0, part
+                        if part.error_code != 0:
+                            # a transactional produce may be refused (out of a transaction, or behind one
+                            # refused before it): answered in its turn all the same
+                            assert corr in self.transactional, part
+                            continue
                         assert ends[part.index] >= part.base_offset + 2, \
                             f"produce {corr} acknowledged before its fsync: {part.base_offset} + 2 > {ends}"
 
@@ -275,6 +336,7 @@ class HeldAnswers(RuleBasedStateMachine):
             self.loop.run_until_complete(asyncio.sleep(0.001))  # waiting fetches time out
             if not self.executor.jobs and (self.lost or len(self.transport.answers) == len(self.expected)):
                 break
+        self.answers_in_request_order_and_after_their_fsync()  # the ones written just now too
         if not self.lost:
             assert [struct.unpack_from(">i", f)[0] for f, _ in self.transport.answers] == \
                 [c for c, _ in self.expected], "an answered request was never answered"
