@@ -71,14 +71,17 @@ power-cut: setup
 	$(BIN)/python -m tests.faults.power_cut --lazyfs "$$ONCELOG_LAZYFS" --mode both \
 		--rounds $(POWER_CUT_ROUNDS) --seed $${SEED:-1} --python "$(POWER_CUT_PYTHON)"
 
-# Long adversarial runs (about an hour): the transaction model for 12,000 steps, 1,000 power cuts
-# per fsync mode on the recording file system, and, when ONCELOG_LAZYFS names a LazyFS binary, the
-# power cuts through LazyFS too, and the socket fuzz for 15 minutes per fsync mode.
+# Long adversarial runs (about an hour): the transaction model for 12,000 steps, the group and
+# connection models (2,000 and 3,000 runs), 1,000 power cuts per fsync mode on the recording file
+# system, and, when ONCELOG_LAZYFS names a LazyFS binary, the power cuts through LazyFS too, and the
+# socket fuzz for 15 minutes per fsync mode.
 fuzz: setup
 	ONCELOG_MODEL_EXAMPLES=400 $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 0 \
 		tests/transactions/test_txn_model.py
 	ONCELOG_GROUP_MODEL_EXAMPLES=2000 $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 0 \
 		tests/coordinator/test_group_membership_model.py
+	ONCELOG_CONNECTION_MODEL_EXAMPLES=3000 $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 0 \
+		tests/server/test_connection_model.py
 	ONCELOG_POWER_CUT_ROUNDS=1000 ONCELOG_POWER_CUT_SEED=$${SEED:-1000} $(BIN)/python -m pytest -q \
 		-p no:cacheprovider --timeout 0 tests/storage/test_power_cut.py
 	@if [ -n "$$ONCELOG_LAZYFS" ]; then $(MAKE) power-cut; \

@@ -20,6 +20,9 @@ Invariants, after every step:
 - nothing is written after the connection is lost.
 And at the end, once the client reads and every fsync has returned: every answered request has its
 answer (nothing is stuck behind a held one), and no coroutine was left 'never awaited'.
+
+``ONCELOG_CONNECTION_MODEL_EXAMPLES`` sets how many runs hypothesis tries (make test: 120, about 15 s;
+make fuzz: 3,000).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import gc
+import os
 import struct
 import warnings
 from collections import deque
@@ -369,7 +373,8 @@ def test_held_answers_against_a_list_of_requests(broker: InProcessBroker) -> Non
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run_state_machine_as_test(HeldAnswers, settings=settings(
-            max_examples=120, stateful_step_count=40, deadline=None,
+            max_examples=int(os.environ.get("ONCELOG_CONNECTION_MODEL_EXAMPLES", "120")), stateful_step_count=40,
+            deadline=None,
             phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],  # no slow 'explain' tracing
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
         gc.collect()
