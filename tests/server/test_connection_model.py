@@ -204,12 +204,7 @@ class HeldAnswers(RuleBasedStateMachine):
         """InitProducerId outside the connection (its transaction log append waits for fsyncs)."""
         started = self.ib.start(22, 4, {"transactional_id": transactional_id, "transaction_timeout": 60_000,
                                         "producer_id": -1, "producer_epoch": -1})
-        for _ in range(1000):
-            if started.task.done():
-                break
-            while self.executor.jobs:
-                self.executor.run(0)
-            self._pass()
+        assert self._return_fsyncs_until(started.task.done, 1000), "InitProducerId never finished"
         r = self.ib.finish(started)
         assert r.error_code == 0, r
         return Txn(transactional_id, r.producer_id, r.producer_epoch)
@@ -217,13 +212,21 @@ class HeldAnswers(RuleBasedStateMachine):
     def _settle(self) -> None:
         """Run the loop and return every fsync until the group commit is idle."""
         broker = self.ib.broker
-        for _ in range(100):
+        assert self._return_fsyncs_until(lambda: not (self.executor.jobs or broker._wanted or broker._syncing),
+                                         100), "the group commit never became idle"
+
+    def _return_fsyncs_until(self, done: Callable[[], bool], rounds: int, wait_s: float = 0.0) -> bool:
+        """Return every running fsync, run the loop (3 passes, then ``wait_s`` of time), and again,
+        until ``done()``, at most ``rounds`` times; whether it came."""
+        for _ in range(rounds):
             while self.executor.jobs:
                 self.executor.run(0)
             self._pass(3)
-            if not (self.executor.jobs or broker._wanted or broker._syncing):
-                return
-        raise AssertionError("the group commit never became idle")
+            if wait_s:
+                self.loop.run_until_complete(asyncio.sleep(wait_s))
+            if done():
+                return True
+        return False
 
     def _in_loop(self, fn: Callable[..., Any], *args: Any) -> None:
         """Call ``fn`` as a transport calls its protocol: from the running event loop."""
@@ -323,9 +326,10 @@ class HeldAnswers(RuleBasedStateMachine):
             assert not self.transport.reading
 
     @invariant()
-    def nothing_after_the_loss(self) -> None:
+    def nothing_after_the_loss_or_the_close(self) -> None:
         if self.lost:
             assert len(self.transport.answers) == self.written_at_loss
+        assert self.transport.written_after_close == 0, "written after the connection closed its transport"
 
     def teardown(self) -> None:
         if not self.lost:
@@ -333,13 +337,10 @@ class HeldAnswers(RuleBasedStateMachine):
                 self._in_loop(self.conn.resume_writing)
             if self.unsent:
                 self._in_loop(self.conn.data_received, self.unsent)
-        for _ in range(400):  # every fsync returns, the loop runs until nothing more is written
-            while self.executor.jobs:
-                self.executor.run(0)
-            self._pass(3)
-            self.loop.run_until_complete(asyncio.sleep(0.001))  # waiting fetches time out
-            if not self.executor.jobs and (self.lost or len(self.transport.answers) == len(self.expected)):
-                break
+        # Every fsync returns and the loop runs (1 ms at a time: waiting fetches time out) until
+        # nothing more is due; if it never comes, the check below says which answer is missing.
+        self._return_fsyncs_until(lambda: not self.executor.jobs and (
+            self.lost or len(self.transport.answers) == len(self.expected)), 400, wait_s=0.001)
         self.answers_in_request_order_and_after_their_fsync()  # the ones written just now too
         if not self.lost:
             assert [struct.unpack_from(">i", f)[0] for f, _ in self.transport.answers] == \
