@@ -200,6 +200,12 @@ class PartitionLog:
         """The last stable offset clients see: never above :attr:`readable_end`."""
         return min(self.last_stable_offset, self.readable_end)
 
+    def visible_end(self, read_committed: bool) -> int:
+        """Where a client's read stops: :attr:`readable_stable_offset` under read_committed, else
+        :attr:`readable_end` (Fetch, ListOffsets' latest offset, and the bound on its timestamp
+        lookups)."""
+        return self.readable_stable_offset if read_committed else self.readable_end
+
     @property
     def last_stable_offset(self) -> int:
         """Never below the log start: DeleteRecords may pass an open transaction's first offset

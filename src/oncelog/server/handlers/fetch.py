@@ -65,7 +65,7 @@ def read_fetch(broker: Broker, body: Any, isolation_level: int, max_bytes: int,
                 parts.append(_partition_error(index, epoch_error, plog))
                 errored = True
                 continue
-            upper = plog.readable_stable_offset if isolation_level == READ_COMMITTED else plog.readable_end
+            upper = plog.visible_end(isolation_level == READ_COMMITTED)
             fetch_offset = fp.fetch_offset
             last_fetched_epoch = getattr(fp, "last_fetched_epoch", -1)
             if last_fetched_epoch >= 0:
@@ -156,7 +156,7 @@ def _visible_ends(broker: Broker, partitions: list[tuple[str, int]], isolation_l
     for topic, index in partitions:
         plog = broker.logs.get_partition(topic, index)
         out.append(None if plog is None else
-                   (plog.readable_stable_offset if isolation_level else plog.readable_end, plog.log_start_offset))
+                   (plog.visible_end(isolation_level == READ_COMMITTED), plog.log_start_offset))
     return out
 
 

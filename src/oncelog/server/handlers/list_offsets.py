@@ -38,8 +38,7 @@ def handle_list_offsets(broker: Broker, req: Request) -> dict[str, Any]:
             elif (epoch_error := leader_epoch_error(plog, getattr(p, "current_leader_epoch", -1))) != 0:
                 entry["error_code"] = epoch_error
             elif p.timestamp == LATEST_TIMESTAMP:
-                entry["offset"] = (plog.readable_stable_offset if isolation_level == READ_COMMITTED
-                                   else plog.readable_end)
+                entry["offset"] = plog.visible_end(isolation_level == READ_COMMITTED)
                 entry["leader_epoch"] = plog.leader_epoch
             elif p.timestamp == EARLIEST_TIMESTAMP:
                 entry["offset"] = plog.log_start_offset
@@ -51,7 +50,7 @@ def handle_list_offsets(broker: Broker, req: Request) -> dict[str, Any]:
                          else plog.offset_for_timestamp(p.timestamp))
                 if found is not None:
                     offset, ts = found
-                    bound = plog.readable_stable_offset if isolation_level == READ_COMMITTED else plog.readable_end
+                    bound = plog.visible_end(isolation_level == READ_COMMITTED)
                     if offset < bound:
                         entry["offset"], entry["timestamp"] = offset, ts
                         entry["leader_epoch"] = plog.epochs.epoch_for_offset(offset)
