@@ -136,20 +136,23 @@ def test_init_during_an_open_transaction_fences_and_aborts_it() -> None:
     # the zombie (epoch 0) is fenced everywhere
     assert h.tc.add_partitions_to_txn("a", pid, 0, [TP]).error == ErrorCode.producer_fenced
     assert h.tc.end_txn("a", pid, 0, committed=True).error == ErrorCode.producer_fenced
-    assert h.tc.is_partition_in_transaction(pid, 0, *TP) == ErrorCode.invalid_producer_epoch
+    assert h.tc.is_partition_in_transaction("a", pid, 0, *TP) == ErrorCode.invalid_producer_epoch
 
 
 def test_kip_890_produce_check() -> None:
     h = Harness()
     pid = h.init().producer_id
-    assert h.tc.is_partition_in_transaction(pid, 0, *TP) == ErrorCode.invalid_txn_state  # nothing added
+    assert h.tc.is_partition_in_transaction("a", pid, 0, *TP) == ErrorCode.invalid_txn_state  # nothing added
     h.apply(h.tc.add_partitions_to_txn("a", pid, 0, [TP]))
-    assert h.tc.is_partition_in_transaction(pid, 0, *TP) == ErrorCode.none
-    assert h.tc.is_partition_in_transaction(pid, 0, "t", 9) == ErrorCode.invalid_txn_state
+    assert h.tc.is_partition_in_transaction("a", pid, 0, *TP) == ErrorCode.none
+    # the same producer id and epoch under another transactional id (or none): not its transaction
+    assert h.tc.is_partition_in_transaction("b", pid, 0, *TP) == ErrorCode.invalid_producer_id_mapping
+    assert h.tc.is_partition_in_transaction(None, pid, 0, *TP) == ErrorCode.invalid_producer_id_mapping
+    assert h.tc.is_partition_in_transaction("a", pid, 0, "t", 9) == ErrorCode.invalid_txn_state
     h.apply(h.tc.end_txn("a", pid, 0, committed=True))
     # a late produce after the commit cannot land in the next transaction
-    assert h.tc.is_partition_in_transaction(pid, 0, *TP) == ErrorCode.invalid_txn_state
-    assert h.tc.is_partition_in_transaction(9999, 0, *TP) == ErrorCode.invalid_producer_id_mapping
+    assert h.tc.is_partition_in_transaction("a", pid, 0, *TP) == ErrorCode.invalid_txn_state
+    assert h.tc.is_partition_in_transaction("a", 9999, 0, *TP) == ErrorCode.invalid_producer_id_mapping
 
 
 def test_kip_360_reinit_with_current_and_retried_epochs() -> None:

@@ -192,3 +192,48 @@ def test_describe_producers_reports_the_coordinator_epoch_of_the_last_marker(b: 
     assert describe() == (0, -1)
     b.restart()
     assert describe() == (0, -1)  # rebuilt from the marker on replay
+
+
+@pytest.mark.parametrize("stranger_tid", ["stranger", "tx-other"])
+def test_a_stranger_naming_its_own_transactional_id_cannot_write_into_anothers_transaction(
+        b: InProcessBroker, stranger_tid: str) -> None:
+    """KIP-890's check names the transactional id of the request: the batch's producer id and epoch
+    must be that id's (Kafka's coordinator answers INVALID_PRODUCER_ID_MAPPING otherwise). A stranger
+    that guessed a live transaction's producer id, epoch and next sequence, and names a transactional
+    id it may write to (its own, or one it never initialised), must not land records in that
+    transaction."""
+    pid, epoch = _txn_producer(b)
+    if stranger_tid == "tx-other":
+        _txn_producer(b, stranger_tid)
+    assert b.add_partitions("tx", pid, epoch, [(T, 0)]) == {(T, 0): 0}
+    assert b.produce(T, 0, batch(pid=pid, epoch=epoch, seq=0, txn=True, value=b"mine"), transactional_id="tx") == 0
+    code = b.produce(T, 0, batch(pid=pid, epoch=epoch, seq=1, txn=True, value=b"stranger"),
+                     transactional_id=stranger_tid)
+    assert code == ErrorCode.invalid_producer_id_mapping
+    # the owner's next sequence is still its own
+    assert b.produce(T, 0, batch(pid=pid, epoch=epoch, seq=1, txn=True, value=b"mine2"), transactional_id="tx") == 0
+    assert b.end_txn("tx", pid, epoch, commit=True) == 0
+    assert b.visible_values(T, 0) == [b"mine", b"mine2"]
+
+
+def test_a_stranger_naming_its_own_transactional_id_cannot_commit_offsets_in_anothers_transaction(
+        b: InProcessBroker) -> None:
+    """TxnOffsetCommit is checked the same way: the offsets go into the named transactional id's
+    transaction only if the producer id is that id's."""
+    pid, epoch = _txn_producer(b)
+    assert b.call(25, 3, {"transactional_id": "tx", "producer_id": pid, "producer_epoch": epoch,
+                          "group_id": "g"}).error_code == 0
+
+    def txn_offset_commit(tid: str, offset: int) -> int:
+        r = b.call(28, 3, {"transactional_id": tid, "group_id": "g", "producer_id": pid, "producer_epoch": epoch,
+                           "generation_id": -1, "member_id": "", "topics": [
+                               {"name": T, "partitions": [{"partition_index": 0, "committed_offset": offset,
+                                                           "committed_leader_epoch": -1,
+                                                           "committed_metadata": None}]}]})
+        return int(r.topics[0].partitions[0].error_code)
+
+    assert txn_offset_commit("stranger", 999) == ErrorCode.invalid_producer_id_mapping
+    assert txn_offset_commit("tx", 5) == 0
+    assert b.end_txn("tx", pid, epoch, commit=True) == 0
+    r = b.call(9, 8, {"groups": [{"group_id": "g", "topics": None}], "require_stable": True})
+    assert [(p.partition_index, p.committed_offset) for t in r.groups[0].topics for p in t.partitions] == [(0, 5)]

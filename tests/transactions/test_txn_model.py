@@ -305,6 +305,16 @@ class TransactionModel(RuleBasedStateMachine):
         code = self.b.produce(*tp, data, transactional_id=tx)
         assert code != 0, f"hostile {kind} produce accepted"
 
+    @rule(inst=instances, tp=st.sampled_from(PARTITIONS), named=st.sampled_from([*TIDS, "stranger"]))
+    def stranger_names_its_own_transactional_id(self, inst: Instance, tp: tuple[str, int], named: str) -> None:
+        """A stranger that guessed an instance's producer id, epoch and next sequence, naming a
+        transactional id it may write to: never lands in that instance's transaction."""
+        if named == inst.tid:
+            return
+        code = self.b.produce(*tp, batch(pid=inst.pid, epoch=inst.epoch, seq=inst.seqs.get(tp, 0), txn=True,
+                                         value=self._value("stranger")), transactional_id=named)
+        assert code != 0, f"a stranger naming {named!r} produced into {inst}'s transaction"
+
     @rule(tid=st.sampled_from(TIDS), commit=st.booleans(), tp=st.sampled_from(PARTITIONS))
     def hostile_write_txn_markers(self, tid: str, commit: bool, tp: tuple[str, int]) -> None:
         """A client's WriteTxnMarkers: never a commit; an abort of the live transaction aborts all of it."""

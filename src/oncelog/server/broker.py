@@ -545,10 +545,11 @@ class Broker:
                         del self._waiters[tp]
 
     # --- helpers for handlers -------------------------------------------------------------------
-    def check_produce(self, producer_id: int, producer_epoch: int, transactional: bool, topic: str,
-                      partition: int) -> ErrorCode:
+    def check_produce(self, producer_id: int, producer_epoch: int, transactional_id: str | None,
+                      transactional: bool, topic: str, partition: int) -> ErrorCode:
         """KIP-890 and producer id ownership: see ``TransactionCoordinator.check_produce``."""
-        return self.coordination.txn.check_produce(producer_id, producer_epoch, transactional, topic, partition)
+        return self.coordination.txn.check_produce(producer_id, producer_epoch, transactional_id, transactional,
+                                                   topic, partition)
 
     def api_version_entries(self) -> list[dict[str, int]]:
         return [{"api_key": k, "min_version": lo, "max_version": hi}

@@ -314,9 +314,10 @@ class TransactionCoordinator:
         return self._abort_with_bump(meta, self.clock.now_ms())
 
     # --- the produce-side checks (KIP-890, producer id ownership) --------------------------------
-    def check_produce(self, producer_id: int, producer_epoch: int, transactional: bool, topic: str,
-                      partition: int) -> ErrorCode:
-        """NONE if a batch with these producer fields may be appended to ``topic``-``partition``.
+    def check_produce(self, producer_id: int, producer_epoch: int, transactional_id: str | None,
+                      transactional: bool, topic: str, partition: int) -> ErrorCode:
+        """NONE if a batch with these producer fields may be appended to ``topic``-``partition`` by a
+        produce request naming ``transactional_id``.
 
         - A producer id this broker never handed out is refused (INVALID_PRODUCER_ID_MAPPING): a
           stranger guessing ids must not seed state that a later owner of the id would trip over.
@@ -330,21 +331,25 @@ class TransactionCoordinator:
         if not self.producer_ids.is_allocated(producer_id):
             return ErrorCode.invalid_producer_id_mapping
         if transactional:
-            return self.is_partition_in_transaction(producer_id, producer_epoch, topic, partition)
+            return self.is_partition_in_transaction(transactional_id, producer_id, producer_epoch, topic, partition)
         if producer_id in self._by_producer_id:
             return ErrorCode.invalid_producer_id_mapping
         return ErrorCode.none
 
-    def is_partition_in_transaction(self, producer_id: int, producer_epoch: int, topic: str,
-                                    partition: int) -> ErrorCode:
-        """NONE if this producer's ongoing transaction contains the partition.
+    def is_partition_in_transaction(self, transactional_id: str | None, producer_id: int, producer_epoch: int,
+                                    topic: str, partition: int) -> ErrorCode:
+        """NONE if the ongoing transaction of ``transactional_id`` is this producer's and contains
+        the partition.
 
-        Otherwise INVALID_PRODUCER_EPOCH for a stale epoch (a fenced zombie) and INVALID_TXN_STATE for
-        a write outside an ongoing transaction, so a late produce can never land in the next one.
+        Otherwise INVALID_PRODUCER_ID_MAPPING when the producer id is not the transactional id's (a
+        stranger that guessed a live producer id and names a transactional id it may write to, as
+        Kafka's coordinator checks the request's transactional id against the producer id),
+        INVALID_PRODUCER_EPOCH for a stale epoch (a fenced zombie) and INVALID_TXN_STATE for a write
+        outside an ongoing transaction, so a late produce can never land in the next one.
         """
-        transactional_id = self._by_producer_id.get(producer_id)
-        meta = self.transactions.get(transactional_id) if transactional_id is not None else None
-        if meta is None:
+        owner = self._by_producer_id.get(producer_id)
+        meta = self.transactions.get(owner) if owner is not None else None
+        if meta is None or owner != transactional_id:
             return ErrorCode.invalid_producer_id_mapping
         if producer_epoch < meta.producer_epoch:
             return ErrorCode.invalid_producer_epoch

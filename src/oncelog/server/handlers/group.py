@@ -185,7 +185,7 @@ def handle_txn_offset_commit(broker: Broker, req: Request) -> dict[str, Any] | A
     if not known:
         return {"throttle_time": 0, "topics": _by_topic(_in_request_order(offsets, unknown))}
     tp = c.offsets_partition_for(b.group_id)
-    code = c.txn.is_partition_in_transaction(b.producer_id, b.producer_epoch, *tp)
+    code = c.txn.is_partition_in_transaction(b.transactional_id, b.producer_id, b.producer_epoch, *tp)
     if code == ErrorCode.invalid_producer_epoch:
         code = ErrorCode.producer_fenced if req.api_version >= 3 else ErrorCode.invalid_producer_epoch
     if code != ErrorCode.none:

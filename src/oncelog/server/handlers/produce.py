@@ -68,7 +68,8 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
         return _error(partition, ErrorCode.invalid_request, "transactional batch without a transactional id")
     if first.producer_id >= 0 and not first.is_transactional and not idempotent_write_allowed(broker, req):
         return _error(partition, ErrorCode.cluster_authorization_failed)
-    code = broker.check_produce(first.producer_id, first.producer_epoch, first.is_transactional, topic, partition)
+    code = broker.check_produce(first.producer_id, first.producer_epoch, transactional_id, first.is_transactional,
+                                topic, partition)
     if code != ErrorCode.none:
         return _error(partition, code)
     if req.body.acks == -1 and plog.config.min_insync_replicas > 1:
