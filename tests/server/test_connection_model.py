@@ -4,7 +4,10 @@ Hypothesis drives one connection of an in-process broker through any interleavin
 - requests arriving in arbitrary chunks: produces that wait for their fsync (acks=-1 or 1), produces
   with acks=0 (no answer), fetches answered at once, fetches that wait for their max_wait, Metadata,
   ApiVersions, and a transactional producer's AddPartitionsToTxn, produces and EndTxn (commit or
-  abort), whose steps wait for the transaction log's fsyncs;
+  abort), whose steps wait for the transaction log's fsyncs; the same producer re-initialised from
+  elsewhere (a new instance, or KIP-360's bump with its current epoch) while those wait, after which
+  its old identity is a zombie taking the same request paths; and a stranger's produce naming a
+  transactional id of its own with the producer's guessed id, epoch and sequence;
 - the group commit's fsyncs returning one at a time, in any order (a manual executor stands in for
   the sync threads);
 - passes of the event loop, and of time;
@@ -16,6 +19,7 @@ Invariants, after every step:
 - the answers written are a prefix of the answered requests, in request order;
 - no produce is acknowledged before its records are fsynced (the partition's synced end when its
   answer was written covers the offsets it reports); only a transactional produce may be refused;
+- every request of a zombie or a stranger is refused (answered, in its turn, with an error);
 - while the client does not read, the connection stops reading it;
 - nothing is written after the connection is lost.
 And at the end, once the client reads and every fsync has returned: every answered request has its
@@ -130,7 +134,9 @@ class Txn:
         self.sequences = [0] * PARTITIONS
 
 
-def _txn_request(kind: str, corr: int, partition: int, txn: Txn) -> tuple[bytes, int]:
+def _txn_request(kind: str, corr: int, partition: int, txn: Txn, named: str | None = None) -> tuple[bytes, int]:
+    """A transactional producer's request; ``named``: the transactional id the request names, when
+    not ``txn``'s (a stranger that guessed its producer id and epoch)."""
     ident = {"producer_id": txn.producer_id, "producer_epoch": txn.producer_epoch}
     if kind == "txn_add":
         return _frame(24, 3, corr, {
@@ -138,19 +144,27 @@ def _txn_request(kind: str, corr: int, partition: int, txn: Txn) -> tuple[bytes,
             "v3_and_below_producer_epoch": txn.producer_epoch,
             "v3_and_below_topics": [{"name": TOPIC, "partitions": list(range(PARTITIONS))}]}), 24
     if kind == "txn_produce":
-        seq, txn.sequences[partition] = txn.sequences[partition], txn.sequences[partition] + 2
+        seq = txn.sequences[partition]
+        if named is None:
+            txn.sequences[partition] += 2
         records = batch(2, value=b"t%d" % corr, pid=txn.producer_id, epoch=txn.producer_epoch, seq=seq, txn=True)
-        return _frame(0, 9, corr, {"transactional_id": txn.transactional_id, "acks": -1, "timeout": 30000,
+        return _frame(0, 9, corr, {"transactional_id": named or txn.transactional_id, "acks": -1, "timeout": 30000,
                                    "topic_data": [{"name": TOPIC, "partition_data": [
                                        {"index": partition, "records": records}]}]}), 0
     return _frame(26, 3, corr, {"transactional_id": txn.transactional_id, **ident,
                                 "committed": kind == "txn_commit"}), 26
 
 
-def _request(kind: str, corr: int, partition: int, txn: Txn) -> tuple[bytes, int | None]:
-    """The frame, and the API key of its answer (None: no answer, acks=0)."""
+def _request(kind: str, corr: int, partition: int, txn: Txn, zombie: Txn | None) -> tuple[bytes, int | None]:
+    """The frame, and the API key of its answer (None: no answer, acks=0). ``zombie``: the
+    transactional producer's identity before its last re-initialisation (None: never re-initialised,
+    and a zombie's request is then a stranger's produce)."""
     if kind.startswith("txn"):
         return _txn_request(kind, corr, partition, txn)
+    if kind.startswith("zombie") and zombie is not None:
+        return _txn_request("txn" + kind.removeprefix("zombie"), corr, partition, zombie)
+    if kind.startswith("zombie") or kind == "stranger_produce":
+        return _txn_request("txn_produce", corr, partition, txn, named=f"stranger-{corr}")
     if kind.startswith("produce"):
         acks = {"produce_all": -1, "produce_leader": 1, "produce_none": 0}[kind]
         frame = _frame(0, 9, corr, {"transactional_id": None, "acks": acks, "timeout": 30000, "topic_data": [
@@ -175,7 +189,8 @@ def _request(kind: str, corr: int, partition: int, txn: Txn) -> tuple[bytes, int
 VERSIONS = {0: 9, 1: 11, 3: 12, 18: 3, 24: 3, 26: 3}
 KINDS = st.sampled_from(["produce_all", "produce_all", "produce_leader", "produce_none", "fetch", "fetch_waits",
                          "metadata", "api_versions", "txn_add", "txn_produce", "txn_produce", "txn_commit",
-                         "txn_abort"])
+                         "txn_abort", "zombie_add", "zombie_produce", "zombie_commit", "stranger_produce"])
+ZOMBIE_KINDS = st.sampled_from(["zombie_add", "zombie_produce", "zombie_commit", "stranger_produce"])
 
 
 class HeldAnswers(RuleBasedStateMachine):
@@ -193,19 +208,36 @@ class HeldAnswers(RuleBasedStateMachine):
         self._in_loop(self.conn.connection_made, self.transport)
         HeldAnswers.examples += 1
         self.txn = self._init_producer_id(f"tx-{HeldAnswers.examples}")
+        self.zombie: Txn | None = None  # its identity before its last re-initialisation
         self.corr = 0
         self.expected: list[tuple[int, int]] = []  # (correlation id, API key) of each answered request
         self.transactional: set[int] = set()  # correlation ids of the transactional produces
+        self.refused: set[int] = set()  # ... of a zombie's and a stranger's requests: every one refused
         self.unsent = b""  # a frame's tail not yet delivered (a chunk may end inside a frame)
         self.lost = False
         self.paused = False
 
-    def _init_producer_id(self, transactional_id: str) -> Txn:
-        """InitProducerId outside the connection (its transaction log append waits for fsyncs)."""
-        started = self.ib.start(22, 4, {"transactional_id": transactional_id, "transaction_timeout": 60_000,
-                                        "producer_id": -1, "producer_epoch": -1})
-        assert self._return_fsyncs_until(started.task.done, 1000), "InitProducerId never finished"
-        r = self.ib.finish(started)
+    def _init_producer_id(self, transactional_id: str, current: Txn | None = None) -> Txn:
+        """InitProducerId outside the connection (its transaction log append waits for fsyncs), as a
+        new instance (``current`` None) or as KIP-360's re-initialisation with the current producer
+        id and epoch; retried while the coordinator answers CONCURRENT_TRANSACTIONS (an open
+        transaction being aborted, or one ending), as clients do. A re-initialisation that found a
+        transaction open is fenced on its retry (the abort bumped the epoch it names, as in Kafka's
+        ``prepareFenceProducerEpoch``); it then starts again as a new instance."""
+        ident = {"producer_id": -1, "producer_epoch": -1} if current is None else \
+            {"producer_id": current.producer_id, "producer_epoch": current.producer_epoch}
+        concurrent = False
+        for _ in range(50):
+            started = self.ib.start(22, 4, {"transactional_id": transactional_id, "transaction_timeout": 60_000,
+                                            **ident})
+            assert self._return_fsyncs_until(started.task.done, 1000), "InitProducerId never finished"
+            r = self.ib.finish(started)
+            if r.error_code == 90 and concurrent and ident["producer_id"] != -1:  # PRODUCER_FENCED
+                ident = {"producer_id": -1, "producer_epoch": -1}
+            elif r.error_code != 51:  # CONCURRENT_TRANSACTIONS
+                break
+            concurrent = r.error_code == 51
+            self._return_fsyncs_until(lambda: False, 1, wait_s=0.001)
         assert r.error_code == 0, r
         return Txn(transactional_id, r.producer_id, r.producer_epoch)
 
@@ -248,12 +280,14 @@ class HeldAnswers(RuleBasedStateMachine):
         data = self.unsent
         for kind, partition in kinds:
             self.corr += 1
-            frame, api = _request(kind, self.corr, partition, self.txn)
+            frame, api = _request(kind, self.corr, partition, self.txn, self.zombie)
             data += frame
             if api is not None:
                 self.expected.append((self.corr, api))
             if kind == "txn_produce":
                 self.transactional.add(self.corr)
+            if kind.startswith(("zombie", "stranger")) and api is not None:
+                self.refused.add(self.corr)
         cut = min(cut, len(data) - 1)
         now, self.unsent = data[:len(data) - cut], data[len(data) - cut:]
         self._in_loop(self.conn.data_received, now)
@@ -272,6 +306,19 @@ class HeldAnswers(RuleBasedStateMachine):
         if self.executor.jobs:
             self.executor.run(which % len(self.executor.jobs))
         self._pass(3)  # recorded, its waiters resumed, their answers written
+
+    @rule(kip_360=st.booleans(), then=st.lists(st.tuples(ZOMBIE_KINDS, st.integers(0, PARTITIONS - 1)), max_size=3),
+          cut=st.integers(0, 400))
+    def the_producer_reinitialises(self, kip_360: bool, then: list[tuple[str, int]], cut: int) -> None:
+        """InitProducerId for the same transactional id, from elsewhere (a new instance), or KIP-360's
+        with the current producer id and epoch: the epoch is bumped and an open transaction aborted,
+        while this connection's requests wait; the identity before is a zombie from now on, and its
+        requests ``then`` arrive at once (as ``send``'s may later)."""
+        old = self.txn
+        self.txn = self._init_producer_id(old.transactional_id, old if kip_360 else None)
+        self.zombie = old
+        if then and not self.lost:
+            self.send(then, cut)
 
     @rule(n=st.integers(1, 4))
     def loop_passes(self, n: int) -> None:
@@ -309,13 +356,18 @@ class HeldAnswers(RuleBasedStateMachine):
             got = struct.unpack_from(">i", frame)[0]  # every response header starts with it
             assert got == corr, f"answer {got} where {corr} was due: {[c for c, _ in self.expected]}"
             body = decode_response(api, VERSIONS[api], frame)[1]
+            if corr in self.refused:
+                codes = ([p.error_code for t in body.responses for p in t.partition_responses] if api == 0 else
+                         [p.partition_error_code for t in body.results_by_topic_v3_and_below
+                          for p in t.results_by_partition] if api == 24 else [body.error_code])
+                assert codes and 0 not in codes, f"a zombie's or a stranger's request {corr} accepted: {body}"
             if api == 0:
                 for topic in body.responses:
                     for part in topic.partition_responses:
                         if part.error_code != 0:
                             # a transactional produce may be refused (out of a transaction, or behind one
                             # refused before it): answered in its turn all the same
-                            assert corr in self.transactional, part
+                            assert corr in self.transactional or corr in self.refused, part
                             continue
                         assert ends[part.index] >= part.base_offset + 2, \
                             f"produce {corr} acknowledged before its fsync: {part.base_offset} + 2 > {ends}"
