@@ -205,6 +205,39 @@ def test_idempotent_and_transactional_producers_need_their_acls(b: InProcessBrok
     assert r.error_code == ErrorCode.transactional_id_authorization_failed
 
 
+def test_write_on_ones_own_transactional_id_does_not_reach_anothers_transaction(b: InProcessBroker) -> None:
+    """Bob may write to (and read) "alpha", read the group "g1" and write to his own transactional id. With Alice's
+    producer id, epoch and next sequence guessed, naming his id, he lands nothing in her transaction."""
+    assert b.broker.authorizer is not None
+    b.broker.authorizer.create([acl(R.TOPIC, "alpha", BOB, Op.WRITE), acl(R.TOPIC, "alpha", BOB, Op.READ),
+                                acl(R.TRANSACTIONAL_ID, "bob-tx", BOB, Op.WRITE),
+                                acl(R.GROUP, "g1", BOB, Op.READ)])
+    r = b.call(22, 4, {"transactional_id": "t1", "transaction_timeout": 60_000, "producer_id": -1,
+                       "producer_epoch": -1}, principal=ALICE)
+    pid, epoch = r.producer_id, r.producer_epoch
+    r = b.call(24, 3, {"v3_and_below_transactional_id": "t1", "v3_and_below_producer_id": pid,
+                       "v3_and_below_producer_epoch": epoch,
+                       "v3_and_below_topics": [{"name": "alpha", "partitions": [0]}]},
+               principal=ALICE)
+    assert r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code == 0
+    assert b.call(25, 3, {"transactional_id": "t1", "producer_id": pid, "producer_epoch": epoch, "group_id": "g1"},
+                  principal=ALICE).error_code == 0
+    assert _produce(b, "alpha", ALICE, batch(pid=pid, epoch=epoch, seq=0, txn=True, value=b"alice"), tid="t1") == 0
+    assert _produce(b, "alpha", BOB, batch(pid=pid, epoch=epoch, seq=1, txn=True, value=b"bob"), tid="bob-tx") == \
+        ErrorCode.invalid_producer_id_mapping
+    r = b.call(28, 3, {"transactional_id": "bob-tx", "group_id": "g1", "producer_id": pid, "producer_epoch": epoch,
+                       "generation_id": -1, "member_id": "", "topics": [{"name": "alpha", "partitions": [
+                           {"partition_index": 0, "committed_offset": 999, "committed_leader_epoch": -1,
+                            "committed_metadata": None}]}]}, principal=BOB)
+    assert r.topics[0].partitions[0].error_code == ErrorCode.invalid_producer_id_mapping
+    assert b.call(26, 3, {"transactional_id": "t1", "producer_id": pid, "producer_epoch": epoch, "committed": True},
+                  principal=ALICE).error_code == 0
+    plog = b.broker.logs.get_partition("alpha", 0)
+    assert plog is not None and plog.high_watermark == 2  # Alice's record and her commit marker, nothing of Bob's
+    r = b.call(9, 8, {"groups": [{"group_id": "g1", "topics": None}], "require_stable": True}, principal=ADMIN)
+    assert [t.partitions for t in r.groups[0].topics] == []
+
+
 def test_groups_coordinators_and_cluster_actions_need_their_acls(b: InProcessBroker) -> None:
     def find(who: str, key: str, key_type: int) -> int:
         return int(b.call(10, 3, {"key": key, "key_type": key_type}, principal=who).error_code)
