@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import cramjam
@@ -122,44 +122,69 @@ def decompress_bounded(codec: int, data: bytes | memoryview, limit: int) -> byte
     """The uncompressed bytes of ``data`` (codec 1-4), at most ``limit`` of them; raise otherwise.
 
     Produce validation uses this (``records.validate_records``): every codec runs with an output
-    bound, so a payload that would inflate past ``limit`` raises :class:`InflatedTooLargeError` after at
-    most ``limit + 1`` bytes were produced. gzip: zlib; snappy: cramjam, whose raw format states the
-    length before anything is allocated; lz4: python-lz4's frame decompressor and zstd: the standard
-    library's (backported before 3.14), both with ``max_length`` (cramjam's have no output bound).
-    Concatenated gzip members and zstd frames are read, as Java's streams do.
+    bound, so a payload that would inflate past ``limit`` raises :class:`InflatedTooLargeError`.
+    gzip: zlib; snappy: cramjam, whose raw format states the length before anything is allocated;
+    lz4: python-lz4's frame decompressor and zstd: the standard library's (backported before 3.14),
+    both with ``max_length`` (cramjam's have no output bound). Concatenated gzip members and zstd
+    frames are read, as Java's streams do.
+
+    Memory: what a refused payload costs is bounded by ``_KEEP``, not by ``limit``. The output is
+    kept up to ``_KEEP`` bytes; a payload inflating past that is inflated again, counting and
+    keeping nothing, up to ``limit``, and only if it stays within it a third time, kept. Batches
+    under ``_KEEP`` (every batch of a default-configured client) are inflated once.
     """
-    if codec == 1:
-        return _gunzip(data, limit)
     if codec == 2:
         return _unsnappy(data, limit)
-    if codec == 3:
-        return _unlz4(data, limit)
-    if codec == 4:
-        return _unzstd(data, limit)
-    raise DecompressionError(f"unknown compression codec {codec}")
+    inflate = _INFLATE.get(codec)
+    if inflate is None:
+        raise DecompressionError(f"unknown compression codec {codec}")
+    if limit <= _KEEP:
+        return inflate(data, limit, True)
+    try:
+        return inflate(data, _KEEP, True)
+    except InflatedTooLargeError:
+        pass
+    inflate(data, limit, False)  # raises past the bound, having kept nothing
+    return inflate(data, limit, True)
+
+
+#: Output kept on the first inflation of a batch (see ``decompress_bounded``): 16 times the
+#: default ``max.message.bytes``.
+_KEEP = 16 << 20
+
+#: Each call into a codec inflates at most this many bytes. With one call bounded only by the limit,
+#: the codecs grow (or allocate up front) one buffer of that size and copy it as it grows: a payload
+#: refused at a bound of 128 MiB cost the broker about 256 MiB of RSS at its peak.
+_CHUNK = 1 << 20
+
+def _ask(limit: int, total: int) -> int:
+    """How much the next call may inflate: a chunk, or one byte past the bound (to detect it)."""
+    return min(_CHUNK, limit - total + 1)
 
 
 def _too_large(limit: int) -> InflatedTooLargeError:
     return InflatedTooLargeError(f"compressed records inflate past {limit} bytes")
 
 
-def _gunzip(data: bytes | memoryview, limit: int) -> bytes:
+def _gunzip(data: bytes | memoryview, limit: int, keep: bool) -> bytes:
     out: list[bytes] = []
     total = 0
     rest: bytes | memoryview = data
     try:
         while True:
             d = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip header and trailer required
-            while True:
-                chunk = d.decompress(rest, limit - total + 1)
+            while not d.eof:
+                ask = _ask(limit, total)
+                chunk = d.decompress(rest, ask)
+                rest = d.unconsumed_tail
                 total += len(chunk)
                 if total > limit:
                     raise _too_large(limit)
-                out.append(chunk)
-                if d.eof:
-                    break
-                # Below the bound, zlib stops early only for want of input.
-                raise DecompressionError("gzip stream ends before its end of member")
+                if keep:
+                    out.append(chunk)
+                if len(chunk) < ask and not d.eof:
+                    # zlib stops short of what was asked only for want of input.
+                    raise DecompressionError("gzip stream ends before its end of member")
             rest = d.unused_data
             if not rest:
                 return b"".join(out)
@@ -207,22 +232,23 @@ def _snappy_raw(data: bytes | memoryview, limit: int) -> bytes:
     return out
 
 
-def _unlz4(data: bytes | memoryview, limit: int) -> bytes:
+def _unlz4(data: bytes | memoryview, limit: int, keep: bool) -> bytes:
     import lz4.frame
 
     d = lz4.frame.LZ4FrameDecompressor()
     out: list[bytes] = []
     total = 0
     try:
-        chunk = d.decompress(data, max_length=limit + 1)
+        chunk = d.decompress(data, max_length=_ask(limit, 0))
         while True:
             total += len(chunk)
             if total > limit:
                 raise _too_large(limit)
-            out.append(chunk)
+            if keep:
+                out.append(chunk)
             if d.eof or d.needs_input:
                 break
-            chunk = d.decompress(b"", max_length=limit - total + 1)
+            chunk = d.decompress(b"", max_length=_ask(limit, total))
     except RuntimeError as exc:  # LZ4F_decompress failed ...
         raise DecompressionError(f"lz4: {exc}") from None
     if not d.eof:
@@ -240,7 +266,7 @@ def _zstd_module() -> ModuleType:
     return zstd
 
 
-def _unzstd(data: bytes | memoryview, limit: int) -> bytes:
+def _unzstd(data: bytes | memoryview, limit: int, keep: bool) -> bytes:
     zstd = _zstd_module()
     out: list[bytes] = []
     total = 0
@@ -248,15 +274,16 @@ def _unzstd(data: bytes | memoryview, limit: int) -> bytes:
     try:
         while True:
             d = zstd.ZstdDecompressor()
-            chunk = d.decompress(rest, max_length=limit - total + 1)
+            chunk = d.decompress(rest, max_length=_ask(limit, total))
             while True:
                 total += len(chunk)
                 if total > limit:
                     raise _too_large(limit)
-                out.append(chunk)
+                if keep:
+                    out.append(chunk)
                 if d.eof or d.needs_input:
                     break
-                chunk = d.decompress(b"", max_length=limit - total + 1)
+                chunk = d.decompress(b"", max_length=_ask(limit, total))
             if not d.eof:
                 raise DecompressionError("zstd: the frame ends early")
             rest = d.unused_data
@@ -264,3 +291,6 @@ def _unzstd(data: bytes | memoryview, limit: int) -> bytes:
                 return b"".join(out)
     except zstd.ZstdError as exc:
         raise DecompressionError(f"zstd: {exc}") from None
+
+
+_INFLATE: dict[int, Callable[[bytes | memoryview, int, bool], bytes]] = {1: _gunzip, 3: _unlz4, 4: _unzstd}
