@@ -157,6 +157,7 @@ _KEEP = 16 << 20
 #: refused at a bound of 128 MiB cost the broker about 256 MiB of RSS at its peak.
 _CHUNK = 1 << 20
 
+
 def _ask(limit: int, total: int) -> int:
     """How much the next call may inflate: a chunk, or one byte past the bound (to detect it)."""
     return min(_CHUNK, limit - total + 1)
