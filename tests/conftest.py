@@ -7,8 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from oncelog.storage import descriptors
 from oncelog.testing.broker_process import BrokerProcess, oncelog_broker, tansu_binary, tansu_broker
 from oncelog.testing.postgres import PostgresServer, find_postgres
+
+# In-process brokers hold a file per segment, as `oncelog broker` does; it raises its soft limit of
+# open files to the hard one at start, and so does the test process (storage.descriptors).
+descriptors.raise_soft_limit()
 
 
 @pytest.fixture

@@ -100,6 +100,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=getattr(logging, str(cfg.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from oncelog.storage import descriptors
+
+    raised = descriptors.raise_soft_limit()  # every segment keeps its file open
+    if raised is not None:
+        logging.getLogger("oncelog.server").info("open files limit (ulimit -n) raised from %d to %d", *raised)
     try:
         import uvloop
     except ImportError:  # optional: the standard event loop works too

@@ -30,9 +30,16 @@ def ensure_topic(broker: Broker, name: str, *, may_create: Callable[[], bool] | 
     if not broker.config.auto_create_topics_enable or may_create is None or not may_create():
         return None, ErrorCode.unknown_topic_or_partition
     try:
+        broker.logs.check_descriptors(broker.config.num_partitions)
         info = broker.logs.create_topic(name, broker.config.num_partitions, {})
     except storage_errors.InvalidTopicError:
         return None, ErrorCode.invalid_topic_exception
+    except storage_errors.InvalidPartitionsError as exc:
+        log.warning("not auto-creating topic %s: %s", name, exc)
+        return None, ErrorCode.invalid_partitions
+    except storage_errors.PartitionsNotBuiltError as exc:
+        log.warning("could not auto-create topic %s: %s", name, exc)
+        return None, ErrorCode.kafka_storage_error
     except storage_errors.TopicExistsError:
         info = broker.logs.topics()[name]
     log.info("auto-created topic %s with %d partition(s)", name, info.num_partitions)

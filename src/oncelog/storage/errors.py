@@ -34,6 +34,11 @@ class InvalidConfigError(StorageError):
     pass
 
 
+class PartitionsNotBuiltError(StorageError):
+    """A new topic's or partition's files could not be made (no file descriptor left, a full disk);
+    what was made of them is closed and removed again."""
+
+
 class RecordTooLargeError(StorageError):
     pass
 
@@ -76,3 +81,8 @@ class KeylessRecordError(ProducerStateError):
         shown = ", ".join(f"RecordError(batchIndex={i}, message='{each}')" for i in indexes[:3])
         return cls(f"One or more records have been rejected due to {len(indexes)} record errors in total, "
                    f"and only showing the first three errors at most: [{shown}]", [(i, each) for i in indexes])
+
+
+class SegmentRollRefusedError(StorageError):
+    """A client's append would roll a segment while too few file descriptors are left
+    (``storage.descriptors``): nothing was appended."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oncelog.clock import Clock
-from oncelog.storage import fileio, recovery_checkpoint
+from oncelog.storage import descriptors, fileio, recovery_checkpoint
 from oncelog.storage.config import (
     BrokerLayers,
     DescribedConfig,
@@ -34,6 +34,7 @@ from oncelog.storage.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidTopicError,
+    PartitionsNotBuiltError,
     TopicExistsError,
 )
 from oncelog.storage.log_cleaner import CleanerConfig, CleanJob, LogCleanerManager
@@ -44,6 +45,7 @@ log = logging.getLogger("oncelog.storage")
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME = 249
 MAX_PARTITIONS = 10_000
+
 
 
 @dataclass
@@ -177,6 +179,22 @@ class LogManager:
                 raise InvalidTopicError(f"topic {name!r} collides with existing topic {other!r} ('.' vs '_')")
         return self._validated_config(configs)
 
+    def check_descriptors(self, new_partitions: int) -> None:
+        """InvalidPartitionsError if ``new_partitions`` more partitions (each keeps its active
+        segment's file open) would eat into the descriptors kept free (``storage.descriptors``).
+
+        Asked for what clients create (CreateTopics, validate_only included, CreatePartitions,
+        auto-creation), not for the internal topics: a broker out of descriptors accepts no
+        connection and opens no file, so a creation that would leave it there is refused with a
+        message that names the limit (``ulimit -n``), instead of wedging the broker."""
+        spare = descriptors.spare_for_new_partitions()
+        if spare is not None and new_partitions > spare[0]:
+            room, limit = spare
+            raise InvalidPartitionsError(
+                f"{new_partitions} new partition(s) do not fit under this broker's limit of {limit} open files "
+                f"(ulimit -n): there is room for {max(room, 0)} more, each segment counted twice (its file, and a "
+                f"flush's duplicate) and {descriptors.headroom(limit)} kept free for connections and segment rolls")
+
     def create_topic(self, name: str, num_partitions: int, configs: dict[str, str], *,
                      internal: bool = False) -> TopicInfo:
         """Create a topic here and now (its directories and files on the calling thread)."""
@@ -212,14 +230,28 @@ class LogManager:
         part of this manager: safe on any thread, since nothing else sees them. A leftover
         directory of an earlier topic of the same name (deleted, or built by a creation that a
         crash cut short) is removed first."""
+        return self._build(name, range(num_partitions), cfg)
+
+    def _build(self, name: str, partitions: range, cfg: LogConfig) -> list[PartitionLog]:
+        """New partitions' directories and files. If one cannot be made (an OSError: no descriptor
+        left, a full disk), those made are closed and removed again, and PartitionsNotBuiltError
+        names the cause: a failed creation keeps no file open and leaves nothing to load."""
         parts: list[PartitionLog] = []
-        for p in range(num_partitions):
-            d = self._dir(name, p)
-            if d.exists():
-                fileio.fs.rmtree(d)
-            plog = PartitionLog(d, name, p, cfg, self.clock, self.dir_state)
-            plog.become_leader(self.leader_epoch)
-            parts.append(plog)
+        try:
+            for p in partitions:
+                d = self._dir(name, p)
+                if d.exists():
+                    fileio.fs.rmtree(d)
+                plog = PartitionLog(d, name, p, cfg, self.clock, self.dir_state)
+                parts.append(plog)
+                plog.become_leader(self.leader_epoch)
+        except OSError as exc:
+            for plog in parts:
+                try:
+                    plog.delete()
+                except OSError:
+                    log.warning("could not remove %s after a failed creation", plog.directory, exc_info=True)
+            raise PartitionsNotBuiltError(f"could not make the files of {name}-{p}: {exc}") from exc
         return parts
 
     def register_topic(self, name: str, configs: dict[str, str], parts: list[PartitionLog], *,
@@ -247,11 +279,8 @@ class LogManager:
         info = self._topics[name]
         if new_total <= info.num_partitions or new_total > MAX_PARTITIONS:
             raise InvalidPartitionsError(f"new partition count {new_total} must exceed {info.num_partitions}")
-        cfg = self.config_for(info)
-        for p in range(info.num_partitions, new_total):
-            self._partitions[(name, p)] = PartitionLog(self._dir(name, p), name, p, cfg, self.clock,
-                                                       self.dir_state)
-            self._partitions[(name, p)].become_leader(self.leader_epoch)
+        for plog in self._build(name, range(info.num_partitions, new_total), self.config_for(info)):
+            self._partitions[(name, plog.partition)] = plog
         info.num_partitions = new_total
         self._save()
 

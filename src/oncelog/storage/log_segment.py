@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, overload
 
 from oncelog.protocol import records as rb
-from oncelog.storage import fileio
+from oncelog.storage import descriptors, fileio
 from oncelog.storage.errors import ReadWouldBlock
 from oncelog.storage.offset_index import OffsetIndex, TimeIndex
 from oncelog.storage.transaction_index import TransactionIndex
@@ -81,6 +81,7 @@ class LogSegment:
         self.index_interval_bytes = index_interval_bytes
         self.created_ms = created_ms
         self.fd = fileio.fs.open_rw(self.path)
+        descriptors.segment_opened()
         self.size = os.fstat(self.fd).st_size
         self.next_offset = base_offset
         self.max_timestamp = -1
@@ -316,19 +317,21 @@ class LogSegment:
     def close(self) -> None:
         if self.fd >= 0:
             self.flush()
-            fileio.fs.close(self.fd)
-            self.fd = -1
+            self._close_fd()
 
     def abandon(self) -> None:
         """Close the file without flushing anything (tests: what a killed process leaves behind)."""
         if self.fd >= 0:
-            fileio.fs.close(self.fd)
-            self.fd = -1
+            self._close_fd()
 
     def delete(self) -> None:
         """Remove the segment's files (the caller fsyncs the directory once for all it deleted)."""
         if self.fd >= 0:
-            fileio.fs.close(self.fd)
-            self.fd = -1
+            self._close_fd()
         for p in (self.path, self.offset_index.path, self.time_index.path, self.txn_index.path):
             fileio.fs.unlink(p)
+
+    def _close_fd(self) -> None:
+        fd, self.fd = self.fd, -1
+        descriptors.segment_closed()
+        fileio.fs.close(fd)

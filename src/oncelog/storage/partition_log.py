@@ -34,9 +34,15 @@ from pathlib import Path
 from oncelog.clock import Clock
 from oncelog.protocol import compression
 from oncelog.protocol import records as rb
-from oncelog.storage import fileio, record_codec, segment_swap
+from oncelog.storage import descriptors, fileio, record_codec, segment_swap
 from oncelog.storage.config import INT64_MAX, LogConfig
-from oncelog.storage.errors import InvalidTimestampError, KeylessRecordError, OffsetOutOfRangeError, RecordTooLargeError
+from oncelog.storage.errors import (
+    InvalidTimestampError,
+    KeylessRecordError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    SegmentRollRefusedError,
+)
 from oncelog.storage.flush_job import FlushJob
 from oncelog.storage.leader_epoch_cache import LeaderEpochCache
 from oncelog.storage.log_segment import LogSegment
@@ -428,7 +434,7 @@ class PartitionLog:
             if plan.duplicate is not None:
                 first, last = plan.duplicate
                 return AppendResult(first, last, -1, self.log_start_offset, duplicate=True)
-        self._maybe_roll(now, len(records))
+        self._maybe_roll(now, len(records), origin)
         buf = bytearray(records)
         offset = self.log_end_offset
         placed: list[tuple[int, rb.BatchHeader]] = []
@@ -492,7 +498,10 @@ class PartitionLog:
             out += new
         return out, placed
 
-    def _maybe_roll(self, now_ms: int, incoming: int) -> None:
+    def _maybe_roll(self, now_ms: int, incoming: int, origin: AppendOrigin) -> None:
+        """Roll before an append that the active segment should not take. A client's append that
+        would roll while too few file descriptors are left is refused instead
+        (SegmentRollRefusedError, ``storage.descriptors``); the coordinators' appends always roll."""
         seg = self.active
         if seg.size == 0:
             return
@@ -501,6 +510,8 @@ class PartitionLog:
                 now_ms - seg.created_ms >= cfg.max_segment_ms - self._roll_jitter_ms or \
                 len(seg.offset_index.positions) >= cfg.segment_index_bytes // 8 or \
                 len(seg.time_index.timestamps) >= cfg.segment_index_bytes // 12:
+            if origin is AppendOrigin.CLIENT and (refused := descriptors.roll_refused()) is not None:
+                raise SegmentRollRefusedError(f"{self.name}: {refused}")
             self.roll(now_ms)
 
     def _jitter_for(self, base_offset: int) -> int:

@@ -42,6 +42,8 @@ def _storage_error(exc: Exception) -> ErrorCode:
         return ErrorCode.invalid_partitions
     if isinstance(exc, storage_errors.InvalidConfigError):
         return ErrorCode.invalid_config
+    if isinstance(exc, storage_errors.PartitionsNotBuiltError):
+        return ErrorCode.kafka_storage_error
     return ErrorCode.unknown_server_error
 
 
@@ -83,6 +85,7 @@ async def handle_create_topics(broker: Broker, req: Request) -> dict[str, Any]:
         seen.add(t.name)
         if entry["error_code"] == ErrorCode.none:
             try:
+                broker.logs.check_descriptors(n)
                 if validate_only:
                     broker.logs.validate_new_topic(t.name, n, configs)
                     entry.update(num_partitions=n, replication_factor=1)
@@ -162,9 +165,11 @@ def handle_create_partitions(broker: Broker, req: Request) -> dict[str, Any]:
         elif t.count <= info.num_partitions:
             entry.update(error_code=ErrorCode.invalid_partitions,
                          error_message=f"topic has {info.num_partitions} partitions; new count must be larger")
-        elif not body.validate_only:
+        else:
             try:
-                broker.logs.create_partitions(t.name, t.count)
+                broker.logs.check_descriptors(t.count - info.num_partitions)
+                if not body.validate_only:
+                    broker.logs.create_partitions(t.name, t.count)
             except storage_errors.StorageError as exc:
                 entry.update(error_code=_storage_error(exc), error_message=_message(exc))
         out.append(entry)

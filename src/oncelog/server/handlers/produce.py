@@ -8,6 +8,7 @@ partition does not fail the others. acks=0 gets no response at all, as in Kafka.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from oncelog.server.broker import Broker
 
 log = logging.getLogger("oncelog.server")
+_roll_warned = [-60.0]  # when a refused segment roll was last logged (time.monotonic)
 
 
 def _error(index: int, code: ErrorCode, message: str | None = None) -> dict[str, Any]:
@@ -91,6 +93,12 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
                 "record_errors": [{"batch_index": i, "batch_index_error_message": m} for i, m in exc.record_errors]}
     except storage_errors.ProducerStateError as exc:
         return _error(partition, ErrorCode(exc.error_code), str(exc))
+    except storage_errors.SegmentRollRefusedError as exc:
+        now = time.monotonic()
+        if now - _roll_warned[0] >= 60:  # once a minute: every refused produce would flood the log
+            _roll_warned[0] = now
+            log.warning("%s", exc)
+        return _error(partition, ErrorCode.kafka_storage_error, str(exc))
     except StorageOfflineError as exc:
         broker.storage_failed(exc)
         return _error(partition, ErrorCode.kafka_storage_error, str(exc))
