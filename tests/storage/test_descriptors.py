@@ -152,3 +152,37 @@ def test_a_creation_that_fails_half_way_closes_and_removes_what_it_made(tmp_path
         assert ib.produce("half", 1, batch(value=b"x")) == 0
     finally:
         ib.close()
+
+
+def test_a_client_holding_connections_open_cannot_stop_the_broker(tmp_path: Path) -> None:
+    """Connections take descriptors too. Before, 1,600 idle connections took every one of them; the
+    next segment roll failed, and the broker stopped. Now connections past the budget are closed
+    at once, and a client that gets in rolls segments as before."""
+    import socket
+    import time
+
+    b = _limited_broker(tmp_path).start()
+    socks: list[socket.socket] = []
+    try:
+        with RawClient(b.bootstrap) as c:
+            assert _create(c, "t", 1, {"segment.bytes": "1000"}).error_code == 0
+        for _ in range(LIMIT + 100):
+            socks.append(socket.create_connection((b.host, b.port), 5))
+        time.sleep(1)
+        assert _open_files(b) < LIMIT - 100  # room left for files and rolls
+        for s in socks[:20]:  # the first ones were taken: their places free up
+            s.close()
+        time.sleep(0.5)
+        with RawClient(b.bootstrap) as c:
+            for i in range(50):  # a roll every two or three
+                assert _produce(c, "t", b"%03d" % i * 100).error_code == 0
+        assert b.proc is not None and b.proc.poll() is None
+        assert "refusing a connection" in (tmp_path / "broker.log").read_text()
+    finally:
+        for s in socks:
+            s.close()
+    try:
+        assert b.stop() == 0
+        assert _errors_in_log(tmp_path) == []
+    finally:
+        b.kill()

@@ -26,7 +26,7 @@ from oncelog.security.acl import Authorizer
 from oncelog.security.listener import ListenerSecurity
 from oncelog.server.config import BrokerConfig
 from oncelog.server.quotas import QuotaManager
-from oncelog.storage import fileio
+from oncelog.storage import descriptors, fileio
 from oncelog.storage.config import LogConfig
 from oncelog.storage.log_cleaner import CleanerConfig, clean
 from oncelog.storage.log_manager import LogManager
@@ -485,12 +485,17 @@ class Broker:
 
     # --- connections ------------------------------------------------------------------------------
     def admit(self, conn: Any) -> str | None:
-        """Register a new connection, or say why it is refused (max.connections[.per.ip])."""
+        """Register a new connection, or say why it is refused (max.connections[.per.ip], or the
+        open files limit: ``storage.descriptors.connection_refused``)."""
         cfg = self.config
-        if len(self.connections) >= cfg.max_connections:
+        n = len(self.connections)
+        if n >= cfg.max_connections:
             return f"max.connections ({cfg.max_connections}) reached"
-        if sum(1 for c in self.connections if c.host == conn.host) >= cfg.max_connections_per_ip:
+        if cfg.max_connections_per_ip <= n and \
+                sum(1 for c in self.connections if c.host == conn.host) >= cfg.max_connections_per_ip:
             return f"max.connections.per.ip ({cfg.max_connections_per_ip}) reached for {conn.host}"
+        if (refused := descriptors.connection_refused(n)) is not None:
+            return refused
         self.connections.add(conn)
         return None
 

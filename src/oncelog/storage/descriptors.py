@@ -9,7 +9,8 @@ what a client can multiply is partitions and segment rolls (a topic created with
 - a topic or partitions a client creates (``LogManager.check_descriptors``: CreateTopics,
   CreatePartitions, auto-creation), counted against the descriptors open now;
 - a client's append that would roll a segment (``PartitionLog``), counted against the segment
-  files open (:func:`segments_open`), which is cheap enough for every roll.
+  files open (:func:`segments_open`), which is cheap enough for every roll;
+- a new connection (``Broker.admit``), which may use only half of the headroom.
 
 Each segment file counts twice: a flush (background, the group commit, a clean stop) fsyncs a
 duplicate of the descriptor of every segment it covers (``FlushJob``), and a log with many small
@@ -81,6 +82,18 @@ def roll_refused() -> str | None:
     return (f"segment roll refused: {_segments_open} segment files are open under a limit of {limit} "
             f"open files (ulimit -n), which keeps room for a flush's duplicate of each and {headroom(limit)} "
             "more; raise the limit, or let retention (or DeleteRecords, DeleteTopics) remove segments")
+
+
+def connection_refused(connections: int) -> str | None:
+    """Why the broker may not take one more connection (None: it may): the connections, the segment
+    files open (each twice) and half the headroom (kept for the storage's own files) would reach the
+    limit. A refused connection is closed at once; without this, a client holding connections open
+    took every descriptor, and the next segment roll failed and stopped the broker."""
+    limit = soft_limit()
+    if limit is None or connections + 1 + 2 * _segments_open + headroom(limit) // 2 < limit:
+        return None
+    return (f"open files limit ({limit}, ulimit -n) nearly reached: {connections} connections and "
+            f"{_segments_open} segment files open")
 
 
 def raise_soft_limit() -> tuple[int, int] | None:
