@@ -120,31 +120,29 @@ def test_a_tiny_segment_bytes_topic_is_refused_rolls_before_the_broker_runs_out(
 
 def test_a_creation_that_fails_half_way_closes_and_removes_what_it_made(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """The safety net behind the budget: a partition whose files cannot be made (here the 5th of 8)
+    """The safety net behind the budget: a partition whose files cannot all be made (here the 5th of
+    8: its segment file is open when the directory's fsync fails, as "Too many open files" did)
     leaves no descriptor open and no directory behind, and the error is a storage error, not a
     dropped connection."""
-    from oncelog.storage import partition_log
+    from oncelog.storage import fileio
     from tests.inproc import InProcessBroker
 
     ib = InProcessBroker(tmp_path / "d")
     try:
         before = descriptors.segments_open()
-        made = []
-        real_init = partition_log.PartitionLog.__init__
+        real_fsync_dir = fileio.fs.fsync_dir
 
-        def failing_init(self: Any, directory: Path, topic: str, partition: int, *a: Any, **k: Any) -> None:
-            if topic == "half" and partition == 4:
-                raise OSError(24, "Too many open files")
-            real_init(self, directory, topic, partition, *a, **k)
-            made.append(partition)
+        def failing_fsync_dir(path: Path) -> None:
+            if path.name == "half-4":
+                raise OSError(24, "Too many open files", str(path))
+            real_fsync_dir(path)
 
-        monkeypatch.setattr(partition_log.PartitionLog, "__init__", failing_init)
+        monkeypatch.setattr(fileio.fs, "fsync_dir", failing_fsync_dir)
         r = ib.call(19, 5, {"topics": [{"name": "half", "num_partitions": 8, "replication_factor": 1,
                                         "assignments": [], "configs": []}], "timeout_ms": 5000,
                             "validate_only": False})
         assert r.topics[0].error_code == STORAGE_ERROR
         assert "Too many open files" in r.topics[0].error_message
-        assert made == [0, 1, 2, 3]
         assert descriptors.segments_open() == before
         assert not list((tmp_path / "d").glob("half-*"))
         monkeypatch.undo()

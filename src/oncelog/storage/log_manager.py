@@ -251,6 +251,11 @@ class LogManager:
                     plog.delete()
                 except OSError:
                     log.warning("could not remove %s after a failed creation", plog.directory, exc_info=True)
+            try:  # the partition that failed (its log closed what it had opened)
+                if self._dir(name, p).exists():
+                    fileio.fs.rmtree(self._dir(name, p))
+            except OSError:
+                log.warning("could not remove %s after a failed creation", self._dir(name, p), exc_info=True)
             raise PartitionsNotBuiltError(f"could not make the files of {name}-{p}: {exc}") from exc
         return parts
 

@@ -157,7 +157,12 @@ class PartitionLog:
         self.leader_epoch = 0
         self.epochs = LeaderEpochCache(directory)
         self._epoch_unwritten = False
-        self._load()
+        try:
+            self._load()
+        except BaseException:
+            for seg in self.segments:  # a load that failed (no descriptor left) keeps no file open
+                seg.abandon()
+            raise
         # What the log held when it was loaded is readable at once, fsynced or not: it survived the
         # restart, and Kafka's high watermark after recovery is the log end too (``readable_end``).
         self._loaded_end = self.log_end_offset
@@ -243,7 +248,9 @@ class PartitionLog:
             # state at the first segment's base, see below).
             self._snapshot_mark = (start, 0, start, now)
             return
-        self.segments = [LogSegment(self.directory, b, now, self.config.index_interval_bytes) for b in bases]
+        self.segments = []
+        for b in bases:  # one at a time: if one cannot be opened, those opened are closed (``__init__``)
+            self.segments.append(LogSegment(self.directory, b, now, self.config.index_interval_bytes))
         self._segments_replaced += 1
         # Segments wholly below the recovery point: trusted; next_offset is the next segment's base.
         for seg, nxt in zip(self.segments, self.segments[1:], strict=False):
