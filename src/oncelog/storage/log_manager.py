@@ -47,7 +47,6 @@ MAX_TOPIC_NAME = 249
 MAX_PARTITIONS = 10_000
 
 
-
 @dataclass
 class TopicInfo:
     name: str
