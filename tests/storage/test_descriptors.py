@@ -162,24 +162,24 @@ def test_a_client_holding_connections_open_cannot_stop_the_broker(tmp_path: Path
     b = _limited_broker(tmp_path).start()
     socks: list[socket.socket] = []
     try:
-        with RawClient(b.bootstrap) as c:
-            assert _create(c, "t", 1, {"segment.bytes": "1000"}).error_code == 0
-        for _ in range(LIMIT + 100):
-            socks.append(socket.create_connection((b.host, b.port), 5))
-        time.sleep(1)
-        assert _open_files(b) < LIMIT - 100  # room left for files and rolls
-        for s in socks[:20]:  # the first ones were taken: their places free up
-            s.close()
-        time.sleep(0.5)
-        with RawClient(b.bootstrap) as c:
-            for i in range(50):  # a roll every two or three
-                assert _produce(c, "t", b"%03d" % i * 100).error_code == 0
-        assert b.proc is not None and b.proc.poll() is None
-        assert "refusing a connection" in (tmp_path / "broker.log").read_text()
-    finally:
-        for s in socks:
-            s.close()
-    try:
+        try:
+            with RawClient(b.bootstrap) as c:
+                assert _create(c, "t", 1, {"segment.bytes": "1000"}).error_code == 0
+            for _ in range(LIMIT + 100):
+                socks.append(socket.create_connection((b.host, b.port), 5))
+            time.sleep(1)
+            assert _open_files(b) < LIMIT - 100  # room left for files and rolls
+            for s in socks[:20]:  # the first ones were taken: their places free up
+                s.close()
+            time.sleep(0.5)
+            with RawClient(b.bootstrap) as c:
+                for i in range(50):  # a roll every two or three
+                    assert _produce(c, "t", b"%03d" % i * 100).error_code == 0
+            assert b.proc is not None and b.proc.poll() is None
+            assert "refusing a connection" in (tmp_path / "broker.log").read_text()
+        finally:
+            for s in socks:
+                s.close()
         assert b.stop() == 0
         assert _errors_in_log(tmp_path) == []
     finally:
