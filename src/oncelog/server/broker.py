@@ -159,6 +159,7 @@ class Broker:
                 tls_cert=Path(config.tls_cert) if config.tls_cert else None,
                 tls_key=Path(config.tls_key) if config.tls_key else None)
             self.logs = LogManager(config.data_dir, self.log_defaults, self.clock, self.cleaner_config)
+            self.logs.dir_state.min_free_bytes = config.log_dir_min_free_bytes
             from oncelog.server.coordination import Coordination
 
             self.authorizer = Authorizer(

@@ -103,6 +103,10 @@ class BrokerConfig:
     # the client above which the broker stops reading its requests (Kafka mutes the channel).
     queued_max_requests_per_connection: int = 32
     socket_send_buffer_high_bytes: int = 1024 * 1024
+    # Free space a client's produce must leave in the data directory's file system, for the
+    # broker's own records (markers, transaction and offset records): below it produces are refused
+    # with KAFKA_STORAGE_ERROR instead of the disk filling up and the broker stopping. 0: off.
+    log_dir_min_free_bytes: int = 64 * 1024 * 1024
     fetch_max_bytes: int = 55 * 1024 * 1024
     # Byte-rate quotas per principal (bytes/s; the default is unlimited), answered with throttle_time_ms.
     quota_producer_default: int = 2**63 - 1

@@ -86,3 +86,8 @@ class KeylessRecordError(ProducerStateError):
 class SegmentRollRefusedError(StorageError):
     """A client's append would roll a segment while too few file descriptors are left
     (``storage.descriptors``): nothing was appended."""
+
+
+class DiskFullError(StorageError):
+    """A client's append was refused, or cut short by the disk, for want of free space: nothing of it
+    was appended (a short write is truncated away), and the log directory stays online."""

@@ -10,6 +10,7 @@ Only the partition log's owner thread (the broker's event loop) calls a segment.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, overload
 
 from oncelog.protocol import records as rb
 from oncelog.storage import descriptors, fileio
-from oncelog.storage.errors import ReadWouldBlock
+from oncelog.storage.errors import DiskFullError, ReadWouldBlock
 from oncelog.storage.offset_index import OffsetIndex, TimeIndex
 from oncelog.storage.transaction_index import TransactionIndex
 
@@ -93,6 +94,19 @@ class LogSegment:
     def append(self, data: bytes | bytearray, batches: list[tuple[int, rb.BatchHeader]]) -> None:
         """Append whole batches whose headers (with final offsets) are ``batches`` (pos in ``data``)."""
         start = self.size
+        try:
+            written = fileio.fs.pwrite(self.fd, data, start)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:  # nothing was written
+                raise DiskFullError(f"write to {self.path}: {exc}") from exc
+            raise fileio.StorageOfflineError(f"write to {self.path} failed: {exc}") from exc
+        if written != len(data):  # a short write on a regular file means the disk is full
+            try:
+                fileio.fs.ftruncate(self.fd, start)
+            except OSError as exc:
+                raise fileio.StorageOfflineError(f"truncating a short write to {self.path} failed: {exc}") from exc
+            raise DiskFullError(f"short write to {self.path}: {written} of {len(data)} bytes (the disk is full)")
+        # The indexes only once the bytes are there: a refused write leaves no entry behind.
         for pos, header in batches:
             if self._bytes_since_index >= self.index_interval_bytes or start + pos == 0:
                 self.offset_index.append(header.base_offset, start + pos)
@@ -101,13 +115,6 @@ class LogSegment:
             if header.max_timestamp > self.max_timestamp:
                 self.max_timestamp = header.max_timestamp
                 self.time_index.maybe_append(header.max_timestamp, header.base_offset)
-        try:
-            written = fileio.fs.pwrite(self.fd, data, start)
-        except OSError as exc:
-            raise fileio.StorageOfflineError(f"write to {self.path} failed: {exc}") from exc
-        if written != len(data):  # a short write on a regular file means the disk is full
-            fileio.fs.ftruncate(self.fd, start)
-            raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
         self.size = start + len(data)
         self.next_offset = batches[-1][1].last_offset + 1
         self.dirty = True

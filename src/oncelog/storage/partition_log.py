@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from oncelog.clock import Clock
 from oncelog.protocol import compression
@@ -37,6 +39,7 @@ from oncelog.protocol import records as rb
 from oncelog.storage import descriptors, fileio, record_codec, segment_swap
 from oncelog.storage.config import INT64_MAX, LogConfig
 from oncelog.storage.errors import (
+    DiskFullError,
     InvalidTimestampError,
     KeylessRecordError,
     OffsetOutOfRangeError,
@@ -100,9 +103,34 @@ def _read_int_file(path: Path) -> int | None:
 @dataclass
 class LogDirState:
     """Shared by every partition of one log directory: once a write or fsync failed, the directory
-    takes no more writes (Kafka marks the log dir offline) and the broker must stop."""
+    takes no more writes (Kafka marks the log dir offline) and the broker must stop.
+
+    It also keeps ``min_free_bytes`` free for what the broker itself must write (markers,
+    transaction and offset records, indexes, snapshots): a client's append that would leave less is
+    refused (DiskFullError, :meth:`client_write_refused`), so that a client filling the disk is
+    answered with an error instead of stopping the broker. 0 turns the check off."""
 
     offline_reason: str | None = None
+    min_free_bytes: int = 0
+    _free: int | None = None  # at the last statvfs
+    _since: int = 0  # bytes appended since
+    #: Free space is asked of the file system again after this many bytes were appended, and on
+    #: every append once the estimate comes within this of ``min_free_bytes``.
+    RECHECK_BYTES: ClassVar[int] = 1 << 20
+
+    def client_write_refused(self, directory: Path, incoming: int) -> str | None:
+        """Why a client's append of ``incoming`` bytes may not be written now (None: it may)."""
+        if self.min_free_bytes <= 0:
+            return None
+        if self._free is None or self._since >= self.RECHECK_BYTES or \
+                self._free - self._since - incoming < self.min_free_bytes + self.RECHECK_BYTES:
+            st = os.statvfs(directory)
+            self._free, self._since = st.f_bavail * st.f_frsize, 0
+        if self._free - self._since - incoming >= self.min_free_bytes:
+            self._since += incoming
+            return None
+        return (f"not enough free space in {directory.parent}: {self._free - self._since} bytes free, "
+                f"{self.min_free_bytes} kept for the broker's own records (log_dir_min_free_bytes)")
 
     def fail(self, what: str, error: BaseException) -> fileio.StorageOfflineError:
         """``what`` failed with ``error``: the directory goes offline (the first failure's reason
@@ -441,6 +469,9 @@ class PartitionLog:
             if plan.duplicate is not None:
                 first, last = plan.duplicate
                 return AppendResult(first, last, -1, self.log_start_offset, duplicate=True)
+        if origin is AppendOrigin.CLIENT and \
+                (refused := self.dir_state.client_write_refused(self.directory, len(records))) is not None:
+            raise DiskFullError(f"{self.name}: {refused}")
         self._maybe_roll(now, len(records), origin)
         buf = bytearray(records)
         offset = self.log_end_offset
@@ -462,7 +493,12 @@ class PartitionLog:
             offset += header.last_offset_delta + 1
         seg = self.active
         lso_before = self.last_stable_offset
-        seg.append(buf, placed)
+        try:
+            seg.append(buf, placed)
+        except DiskFullError as exc:
+            if origin is not AppendOrigin.CLIENT:  # the broker's own records must be written
+                raise self.dir_state.fail(self.name, exc) from exc
+            raise
         if plan is not None:
             for done in self.producer_state.complete(plan, base_offsets):
                 if done.is_aborted:

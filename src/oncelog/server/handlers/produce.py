@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from oncelog.server.broker import Broker
 
 log = logging.getLogger("oncelog.server")
-_roll_warned = [-60.0]  # when a refused segment roll was last logged (time.monotonic)
+_refusal_logged = [-60.0]  # when a produce refused for want of room was last logged (time.monotonic)
 
 
 def _error(index: int, code: ErrorCode, message: str | None = None) -> dict[str, Any]:
@@ -93,10 +93,11 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
                 "record_errors": [{"batch_index": i, "batch_index_error_message": m} for i, m in exc.record_errors]}
     except storage_errors.ProducerStateError as exc:
         return _error(partition, ErrorCode(exc.error_code), str(exc))
-    except storage_errors.SegmentRollRefusedError as exc:
+    except (storage_errors.DiskFullError, storage_errors.SegmentRollRefusedError) as exc:
+        # Out of disk space or descriptors: retriable (retention may free room), the broker stays up.
         now = time.monotonic()
-        if now - _roll_warned[0] >= 60:  # once a minute: every refused produce would flood the log
-            _roll_warned[0] = now
+        if now - _refusal_logged[0] >= 60:  # once a minute: every refused produce would flood the log
+            _refusal_logged[0] = now
             log.warning("%s", exc)
         return _error(partition, ErrorCode.kafka_storage_error, str(exc))
     except StorageOfflineError as exc:
