@@ -97,15 +97,17 @@ class LogSegment:
         try:
             written = fileio.fs.pwrite(self.fd, data, start)
         except OSError as exc:
-            if exc.errno == errno.ENOSPC:  # nothing was written
-                raise DiskFullError(f"write to {self.path}: {exc}") from exc
-            raise fileio.StorageOfflineError(f"write to {self.path} failed: {exc}") from exc
-        if written != len(data):  # a short write on a regular file means the disk is full
-            try:
+            if exc.errno != errno.ENOSPC:
+                raise fileio.StorageOfflineError(f"write to {self.path} failed: {exc}") from exc
+            written, full = -1, f"write to {self.path}: {exc}"
+        else:  # a short write on a regular file means the disk is full
+            full = f"short write to {self.path}: {written} of {len(data)} bytes (the disk is full)"
+        if written != len(data):
+            try:  # nothing of it stays (ENOSPC writes nothing; the truncation is cheap insurance)
                 fileio.fs.ftruncate(self.fd, start)
             except OSError as exc:
                 raise fileio.StorageOfflineError(f"truncating a short write to {self.path} failed: {exc}") from exc
-            raise DiskFullError(f"short write to {self.path}: {written} of {len(data)} bytes (the disk is full)")
+            raise DiskFullError(full)
         # The indexes only once the bytes are there: a refused write leaves no entry behind.
         for pos, header in batches:
             if self._bytes_since_index >= self.index_interval_bytes or start + pos == 0:
