@@ -88,3 +88,16 @@ def test_a_write_the_disk_cuts_short_is_refused_and_leaves_nothing(b: InProcessB
     assert b.visible_values(T, 0) == [b"first", b"second"]
     b.restart()
     assert b.visible_values(T, 0) == [b"first", b"second"]
+
+
+def test_a_file_system_that_reports_no_size_is_not_taken_for_a_full_one(b: InProcessBroker,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """LazyFS (the power-cut tests' file system) answers statvfs with zeros: 0 bytes free. The bound
+    is then not applied, instead of every produce being refused (found by the LazyFS power cuts)."""
+    import os
+
+    zeros = os.statvfs_result((0,) * 10)
+    monkeypatch.setattr(os, "statvfs", lambda _path: zeros)
+    b.broker.logs.dir_state.min_free_bytes = 1 << 20
+    assert _produce(b, b"kept").error_code == 0
+    assert b.visible_values(T, 0) == [b"kept"]

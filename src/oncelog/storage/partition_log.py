@@ -114,17 +114,23 @@ class LogDirState:
     min_free_bytes: int = 0
     _free: int | None = None  # at the last statvfs
     _since: int = 0  # bytes appended since
+    _unknown: bool = False  # the file system reports no size: the bound cannot be applied
     #: Free space is asked of the file system again after this many bytes were appended, and on
     #: every append once the estimate comes within this of ``min_free_bytes``.
     RECHECK_BYTES: ClassVar[int] = 1 << 20
 
     def client_write_refused(self, directory: Path, incoming: int) -> str | None:
         """Why a client's append of ``incoming`` bytes may not be written now (None: it may)."""
-        if self.min_free_bytes <= 0:
+        if self.min_free_bytes <= 0 or self._unknown:
             return None
         if self._free is None or self._since >= self.RECHECK_BYTES or \
                 self._free - self._since - incoming < self.min_free_bytes + self.RECHECK_BYTES:
             st = os.statvfs(directory)
+            if st.f_blocks == 0:  # the file system tells nothing of its size (LazyFS, some FUSE ones)
+                self._unknown = True
+                log.warning("the file system of %s reports no size: log_dir_min_free_bytes is not applied",
+                            directory.parent)
+                return None
             self._free, self._since = st.f_bavail * st.f_frsize, 0
         if self._free - self._since - incoming >= self.min_free_bytes:
             self._since += incoming
