@@ -221,6 +221,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if proxy is not None:
             proxy.stop()
+        from oncelog.spark import clients
+
+        clients.clear_all()  # the zombie attempts' pooled clients, before their broker goes (not at exit)
         broker.kill()
 
     table = Table(title="records lost and duplicated per guarantee (driver SIGKILL mid-batch and in the commit "
