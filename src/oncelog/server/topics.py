@@ -30,7 +30,6 @@ def ensure_topic(broker: Broker, name: str, *, may_create: Callable[[], bool] | 
     if not broker.config.auto_create_topics_enable or may_create is None or not may_create():
         return None, ErrorCode.unknown_topic_or_partition
     try:
-        broker.logs.check_descriptors(broker.config.num_partitions)
         info = broker.logs.create_topic(name, broker.config.num_partitions, {})
     except storage_errors.InvalidTopicError:
         return None, ErrorCode.invalid_topic_exception

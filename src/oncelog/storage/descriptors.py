@@ -6,8 +6,9 @@ what a client can multiply is partitions and segment rolls (a topic created with
 ``segment.bytes`` rolls at every batch). Both are refused while they would leave fewer than
 :func:`headroom` descriptors free under the soft limit (``ulimit -n``):
 
-- a topic or partitions a client creates (``LogManager.check_descriptors``: CreateTopics,
-  CreatePartitions, auto-creation), counted against the descriptors open now;
+- a topic or partitions a client creates (``LogManager.check_descriptors``, asked by every
+  creation but the internal topics': CreateTopics, CreatePartitions, auto-creation), counted
+  against the descriptors open now;
 - a client's append that would roll a segment (``PartitionLog``), counted against the segment
   files open (:func:`segments_open`), which is cheap enough for every roll;
 - a new connection (``Broker.admit``), which may use only half of the headroom.
@@ -73,11 +74,17 @@ def spare_for_new_partitions() -> tuple[int, int] | None:
     return (limit - headroom(limit) - open_now - _segments_open) // 2, limit
 
 
+def _storage_need(new_segments: int, reserve: int) -> int:
+    """Descriptors the storage may need: every segment file open, and ``new_segments`` more, twice
+    (its file and a flush's duplicate), plus ``reserve`` kept free."""
+    return 2 * (_segments_open + new_segments) + reserve
+
+
 def roll_refused() -> str | None:
     """Why a client's append may not roll a segment now (None: it may): the segment files open and
     the new one, each twice, would eat into the headroom."""
     limit = soft_limit()
-    if limit is None or 2 * (_segments_open + 1) + headroom(limit) <= limit:
+    if limit is None or _storage_need(1, headroom(limit)) <= limit:
         return None
     return (f"segment roll refused: {_segments_open} segment files are open under a limit of {limit} "
             f"open files (ulimit -n), which keeps room for a flush's duplicate of each and {headroom(limit)} "
@@ -90,7 +97,7 @@ def connection_refused(connections: int) -> str | None:
     limit. A refused connection is closed at once; without this, a client holding connections open
     took every descriptor, and the next segment roll failed and stopped the broker."""
     limit = soft_limit()
-    if limit is None or connections + 1 + 2 * _segments_open + headroom(limit) // 2 < limit:
+    if limit is None or connections + 1 + _storage_need(0, headroom(limit) // 2) < limit:
         return None
     return (f"open files limit ({limit}, ulimit -n) nearly reached: {connections} connections and "
             f"{_segments_open} segment files open")

@@ -166,7 +166,11 @@ class LogManager:
     def topics(self) -> dict[str, TopicInfo]:
         return self._topics
 
-    def validate_new_topic(self, name: str, num_partitions: int, configs: dict[str, str]) -> LogConfig:
+    def validate_new_topic(self, name: str, num_partitions: int, configs: dict[str, str], *,
+                           internal: bool = False) -> LogConfig:
+        """The new topic's config, or a StorageError saying why it cannot be made (its name, its
+        partition count, its configs, or the descriptors it would take: :meth:`check_descriptors`,
+        not asked for an ``internal`` topic)."""
         validate_topic_name(name)
         if name in self._topics or name in self._creating:
             raise TopicExistsError(f"topic {name!r} already exists")
@@ -176,14 +180,17 @@ class LogManager:
         for other in (*self._topics, *self._creating):
             if other.replace(".", "_") == collides:
                 raise InvalidTopicError(f"topic {name!r} collides with existing topic {other!r} ('.' vs '_')")
-        return self._validated_config(configs)
+        cfg = self._validated_config(configs)
+        if not internal:
+            self.check_descriptors(num_partitions)
+        return cfg
 
     def check_descriptors(self, new_partitions: int) -> None:
         """InvalidPartitionsError if ``new_partitions`` more partitions (each keeps its active
         segment's file open) would eat into the descriptors kept free (``storage.descriptors``).
 
-        Asked for what clients create (CreateTopics, validate_only included, CreatePartitions,
-        auto-creation), not for the internal topics: a broker out of descriptors accepts no
+        Asked by every creation of a topic (:meth:`validate_new_topic`) or of partitions
+        (:meth:`validate_new_partitions`), except the internal topics': a broker out of descriptors accepts no
         connection and opens no file, so a creation that would leave it there is refused with a
         message that names the limit (``ulimit -n``), instead of wedging the broker."""
         spare = descriptors.spare_for_new_partitions()
@@ -197,7 +204,7 @@ class LogManager:
     def create_topic(self, name: str, num_partitions: int, configs: dict[str, str], *,
                      internal: bool = False) -> TopicInfo:
         """Create a topic here and now (its directories and files on the calling thread)."""
-        cfg = self.reserve_topic(name, num_partitions, configs)
+        cfg = self.reserve_topic(name, num_partitions, configs, internal=internal)
         try:
             parts = self.build_partitions(name, num_partitions, cfg)
         except BaseException:
@@ -211,10 +218,11 @@ class LogManager:
     # name is reserved it is taken (a second creation answers TOPIC_ALREADY_EXISTS) but not
     # visible (Metadata and Produce do not find it), and nothing else touches its directories.
 
-    def reserve_topic(self, name: str, num_partitions: int, configs: dict[str, str]) -> LogConfig:
+    def reserve_topic(self, name: str, num_partitions: int, configs: dict[str, str], *,
+                      internal: bool = False) -> LogConfig:
         """Validate a new topic and take its name; the caller then builds it and registers it, or
         releases the name."""
-        cfg = self.validate_new_topic(name, num_partitions, configs)
+        cfg = self.validate_new_topic(name, num_partitions, configs, internal=internal)
         self._creating.add(name)
         return cfg
 
@@ -279,10 +287,17 @@ class LogManager:
                 self.cleaner.abort(plog)
                 plog.delete()
 
-    def create_partitions(self, name: str, new_total: int) -> None:
+    def validate_new_partitions(self, name: str, new_total: int) -> None:
+        """A StorageError if topic ``name`` cannot grow to ``new_total`` partitions: not more than it
+        has, above the maximum, or past the descriptors (:meth:`check_descriptors`)."""
         info = self._topics[name]
         if new_total <= info.num_partitions or new_total > MAX_PARTITIONS:
             raise InvalidPartitionsError(f"new partition count {new_total} must exceed {info.num_partitions}")
+        self.check_descriptors(new_total - info.num_partitions)
+
+    def create_partitions(self, name: str, new_total: int) -> None:
+        self.validate_new_partitions(name, new_total)
+        info = self._topics[name]
         for plog in self._build(name, range(info.num_partitions, new_total), self.config_for(info)):
             self._partitions[(name, plog.partition)] = plog
         info.num_partitions = new_total

@@ -85,7 +85,6 @@ async def handle_create_topics(broker: Broker, req: Request) -> dict[str, Any]:
         seen.add(t.name)
         if entry["error_code"] == ErrorCode.none:
             try:
-                broker.logs.check_descriptors(n)
                 if validate_only:
                     broker.logs.validate_new_topic(t.name, n, configs)
                     entry.update(num_partitions=n, replication_factor=1)
@@ -167,8 +166,9 @@ def handle_create_partitions(broker: Broker, req: Request) -> dict[str, Any]:
                          error_message=f"topic has {info.num_partitions} partitions; new count must be larger")
         else:
             try:
-                broker.logs.check_descriptors(t.count - info.num_partitions)
-                if not body.validate_only:
+                if body.validate_only:
+                    broker.logs.validate_new_partitions(t.name, t.count)
+                else:
                     broker.logs.create_partitions(t.name, t.count)
             except storage_errors.StorageError as exc:
                 entry.update(error_code=_storage_error(exc), error_message=_message(exc))
