@@ -50,6 +50,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from oncelog.protocol.messages import build, decode_response, encode_request, request_type
 from oncelog.server.connection import KafkaConnection
 from tests.inproc import InProcessBroker
+from tests.server.fake_transport import FakeTransport
 from tests.storage.helpers import batch
 
 TOPIC = "model"
@@ -77,27 +78,18 @@ class ManualExecutor:
             self.run(0)
 
 
-class Transport:
-    """Just enough of an asyncio transport: the byte stream written, cut into answers, each with the
-    partitions' synced ends at the moment it was written."""
+class Transport(FakeTransport):
+    """The byte stream written, cut into answers, each with the partitions' synced ends at the
+    moment it was written."""
 
     def __init__(self, synced_ends: Callable[[], list[int]]) -> None:
+        super().__init__()
         self.synced_ends = synced_ends
         self.stream = bytearray()
         self.answers: list[tuple[bytes, list[int]]] = []  # (frame without its size, synced ends then)
-        self.closed = False
-        self.reading = True
-        self.written_after_close = 0
-
-    def get_extra_info(self, name: str) -> object:
-        return ("127.0.0.1", 5555) if name == "peername" else None
-
-    def set_write_buffer_limits(self, high: int, low: int) -> None:
-        pass
 
     def writelines(self, data: list[bytes]) -> None:
-        if self.closed:
-            self.written_after_close += 1
+        super().writelines(data)
         for d in data:
             self.stream += d
         ends = self.synced_ends()
@@ -107,15 +99,6 @@ class Transport:
                 break
             self.answers.append((bytes(self.stream[4:4 + size]), ends))
             del self.stream[:4 + size]
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def close(self) -> None:
-        self.closed = True
 
 
 def _frame(api_key: int, version: int, corr: int, fields: dict[str, object]) -> bytes:

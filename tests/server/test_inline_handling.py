@@ -25,6 +25,7 @@ from oncelog.server.handlers import produce as produce_handlers
 from oncelog.testing.broker_process import BrokerProcess, create_topic, oncelog_broker
 from tests.fsync_gate import FsyncGate
 from tests.inproc import InProcessBroker
+from tests.server.fake_transport import FakeTransport as _Transport
 from tests.server.test_raw_socket import _recv_exact
 from tests.storage.helpers import batch
 
@@ -119,32 +120,6 @@ def _in_process_with_topic(tmp_path: Path, **config: object) -> InProcessBroker:
     ib.call(19, 5, {"topics": [{"name": TOPIC, "num_partitions": 1, "replication_factor": 1,
                                 "assignments": [], "configs": []}], "timeout_ms": 5000, "validate_only": False})
     return ib
-
-
-class _Transport:
-    """Just enough of an asyncio transport for KafkaConnection, recording what is written."""
-
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-        self.closed = False
-
-    def get_extra_info(self, name: str) -> object:
-        return ("127.0.0.1", 5555) if name == "peername" else None
-
-    def set_write_buffer_limits(self, high: int, low: int) -> None:
-        pass
-
-    def writelines(self, data: list[bytes]) -> None:
-        self.written.extend(bytes(d) for d in data)
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class _SyncedWhenAnswered(_Transport):
