@@ -16,6 +16,7 @@ import pytest
 from oncelog.demo.faults import read_topic
 from oncelog.spark.clients import config_key
 from oncelog.spark.guarantees import Guarantee
+from oncelog.spark.progress import Committed, progress_key
 from oncelog.spark.sink import TXN_PRODUCERS, SinkHooks, SinkSettings, TaskIdentity, write_partition
 from oncelog.testing.broker_process import BrokerProcess, create_topic
 
@@ -54,6 +55,57 @@ def test_replayed_batch_is_skipped_or_repeated_per_guarantee(broker: BrokerProce
     counts = Counter(v for _k, v in read_topic(broker.bootstrap, "out"))
     assert {c for v, c in counts.items() if v.startswith(b"b0")} == {copies}
     assert sum(1 for v in counts if v.startswith(b"b1")) == 5
+
+
+class _SeeMark(SinkHooks):
+    """at_most_once's before_commit runs between the mark and the output: it notes what a
+    read_committed reader sees then in the progress log and in the output topic."""
+
+    def __init__(self, settings: SinkSettings, bootstrap: str) -> None:
+        self.settings, self.bootstrap = settings, bootstrap
+        self.seen: list[tuple[object, int]] = []
+
+    def before_commit(self, ident: TaskIdentity, guarantee: Guarantee) -> None:
+        mark = self.settings.progress().read(ident.partition_id).latest.get(
+            progress_key(self.settings.sink_id(ident.query_id), ident.partition_id))
+        self.seen.append((mark, len(read_topic(self.bootstrap, "out", isolation="read_uncommitted"))))
+
+
+@pytest.mark.parametrize("reuse", [False, True], ids=["new-producer", "pooled-producer"])
+def test_at_most_once_marks_the_batch_before_it_sends_anything(broker: BrokerProcess, reuse: bool) -> None:
+    """at_most_once commits its progress record (row count unknown: nothing is spooled) before it
+    sends a record; a replay is skipped whatever its data and reads no input. An upstream that
+    fails half way loses the batch if the mark was made, and otherwise leaves it to the retry:
+    either way no record of the batch is written twice."""
+    bs = broker.bootstrap
+    create_topic(bs, "out", 1)
+    s = _settings(bs, Guarantee.at_most_once, reuse=reuse)
+    hooks = _SeeMark(s, bs)
+    pulled: list[str] = []
+
+    def records(tag: str, n: int, fail_at: int | None = None):
+        pulled.append(tag)
+        for i, r in enumerate(_records(tag, n)):
+            if i == fail_at:
+                raise RuntimeError("upstream failed")
+            yield r
+
+    ok = write_partition(records("a0", 20), TaskIdentity("q-amo", 0, 0), s, hooks)
+    assert hooks.seen == [(Committed(0, -1), 0)] and ok.rows == 20 and not ok.skipped
+    with pytest.raises(RuntimeError, match="upstream failed"):
+        write_partition(records("a1", 20, fail_at=7), TaskIdentity("q-amo", 1, 0), s, hooks)
+    marked = len(hooks.seen) == 2
+    if marked:
+        assert hooks.seen[-1] == (Committed(1, -1), 20)
+    retry = write_partition(records("a1", 25), TaskIdentity("q-amo", 1, 0), s, hooks)
+    assert retry.skipped == marked and retry.rows == (0 if marked else 25)
+    assert pulled.count("a1") == (1 if marked else 2), "a skipped replay reads no input"
+    nxt = write_partition(records("a2", 5), TaskIdentity("q-amo", 2, 0), s, hooks)
+    assert nxt.rows == 5 and hooks.seen[-1][0] == Committed(2, -1)
+    counts = Counter(v for _k, v in read_topic(bs, "out"))
+    a1 = sum(c for v, c in counts.items() if v.startswith(b"a1-"))
+    assert a1 <= 7 if marked else a1 == 25
+    assert set(counts.values()) == {1} and sum(counts.values()) == 25 + a1
 
 
 @pytest.mark.parametrize("pooled_zombie", [False, True], ids=["new-producer", "pooled-producer"])

@@ -5,10 +5,11 @@
   skipped, after checking its row count. See docs/design/spark-sink.md.
 - ``at_least_once``: idempotent producer (acks=all, retries), no transactions: a replayed batch is
   written again, so a driver crash after the write and before Spark's commit duplicates it.
-- ``at_most_once``: the progress record is committed *before* the output, in a transaction of the
-  same fenced transactional id as exactly_once (so of two concurrent attempts only one can mark the
-  batch, and only the one that marked it writes); the output goes with acks=0 and no retries. A
-  replayed batch is skipped, so whatever the crash lost stays lost.
+- ``at_most_once``: the progress record is committed *before* the input is read, in a transaction
+  of the same fenced transactional id as exactly_once (so of two concurrent attempts only one can
+  mark the batch, and only the one that marked it writes); the output then goes as the input
+  arrives, with acks=0 and no retries. A replayed batch is skipped, so whatever the crash lost
+  stays lost.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def transaction_timeout_ms(rows: int, nbytes: int, explicit_ms: int | None = Non
                            max_ms: int = BROKER_MAX_TRANSACTION_TIMEOUT_MS) -> int:
     """``transaction.timeout.ms`` for a task about to write ``rows`` records of ``nbytes`` bytes.
 
-    The sink spools a task's input before opening its transaction, so the transaction lasts only
+    The exactly_once sink spools a task's input before opening its transaction, so it lasts only
     as long as producing the spooled records: 60 s plus 0.1 ms per record and 1 s per MB (a slow
     floor of 10 000 records/s and 1 MB/s), capped at Kafka's default broker maximum of 15 minutes.
     An explicit ``transaction.timeout.ms`` option is used as it is.

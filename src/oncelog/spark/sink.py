@@ -27,7 +27,7 @@ import time
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from oncelog.spark.clients import ClientPool, config_key, settle_worker
 from oncelog.spark.guarantees import (
@@ -661,7 +661,7 @@ def _check_replay(last: Committed | None, ident: TaskIdentity, rows: int, settin
         log.warning("%s: batch %d already committed; skipping batch %d (failOnHigherCommittedBatch=false)",
                     where, last.batch_id, ident.batch_id)
         return "higher"
-    if last.rows >= 0 and last.rows != rows:
+    if last.rows >= 0 and rows >= 0 and last.rows != rows:  # -1: unknown (at_most_once marks before it reads)
         raise RuntimeError(
             f"{where}: batch {ident.batch_id} was committed with {last.rows} rows but its replay has {rows}. "
             "The replay is not the same data (a non-deterministic expression such as rand() or "
@@ -681,8 +681,9 @@ def write_partition(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIden
     task, so the batch's output is visible once its last task committed, before Spark's own commit
     log says so; a replay finds the progress records and writes nothing.
 
-    at_most_once: the same, but the transaction holds only the progress record, and the output
-    follows it with acks=0.
+    at_most_once: init_transactions and the progress read (or a pooled producer), then a
+    transaction holding only the progress record, with the row count unknown (-1); only once it
+    has committed is the input read, and sent as it comes with acks=0 (:func:`_write_at_most_once`).
 
     A transactional producer left by an earlier task of this Python worker (same transactional id
     and settings, see :class:`PooledProducer`) stands in for init_transactions and the progress
@@ -696,6 +697,8 @@ def write_partition(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIden
     g = settings.guarantee
     if g is Guarantee.at_least_once:
         return _write_at_least_once(records, ident, settings, hooks, phases)
+    if g is Guarantee.at_most_once:
+        return _write_at_most_once(records, ident, settings, hooks, phases)
 
     with Spool() as spool:
         tid = settings.transactional_id(ident)
@@ -718,6 +721,10 @@ def write_partition(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIden
                 TXN_PRODUCERS.give(key, pooled)  # unused: still in the state it was given back in
             raise
         phases.lap("spool")
+
+        def send(producer: Any) -> int:
+            return spool.produce(producer, settings.topic)
+
         need_ms = transaction_timeout_ms(spool.rows, spool.nbytes, settings.transaction_timeout_ms)
         if settings.transaction_timeout_ms is None:
             # Sized for up to twice the largest batch seen, so one producer serves a stream's batches.
@@ -727,7 +734,8 @@ def write_partition(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIden
             pooled = None
         if pooled is not None:
             try:
-                return _write_with_progress(pooled, True, key, spool, ident, settings, hooks, phases)
+                return _write_with_progress(pooled, True, key, spool.rows, send, ident, settings, hooks,
+                                            phases)
             except _StaleProducer:
                 phases.lap("stale")
                 log.info("transactional id %s: the pooled producer was fenced by a newer attempt; starting over "
@@ -737,14 +745,14 @@ def write_partition(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIden
             phases.seconds.update({f"{k}_overlapped": v for k, v in prep.seconds.items()})
             phases.lap("wait_init")
             if prep.error is None and prep.pooled.timeout_ms >= need_ms:
-                return _write_with_progress(prep.pooled, False, key, spool, ident, settings, hooks, phases,
-                                            prep.state)
+                return _write_with_progress(prep.pooled, False, key, spool.rows, send, ident, settings,
+                                            hooks, phases, prep.state)
             TXN_PRODUCERS.discard(prep.pooled)
             if prep.error is not None and not isinstance(prep.error, _TimeoutRefused):
                 raise prep.error
         # Sized for exactly this batch (as a guess refused by the broker, or too small, would not be).
-        return _write_with_progress(_new_txn_producer(settings, tid, need_ms), False, key, spool, ident, settings,
-                                    hooks, phases)
+        return _write_with_progress(_new_txn_producer(settings, tid, need_ms), False, key, spool.rows,
+                                    send, ident, settings, hooks, phases)
 
 
 #: Per process: the transaction timeout a new producer of a transactional id is made with (twice
@@ -829,11 +837,14 @@ def _init(pooled: PooledProducer, rows: int | None, settings: SinkSettings) -> N
                            f"init_transactions failed (timeout.ms={settings.timeout_s * 1000:g}): {exc}") from exc
 
 
-def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashable, spool: Spool,
-                         ident: TaskIdentity, settings: SinkSettings, hooks: SinkHooks, phases: _Phases,
-                         prepared: PartitionState | None = None) -> SinkCommitMessage:
-    """The protocol from init_transactions on. ``prepared``: init_transactions has returned and this
-    is the progress partition as read after it (:class:`_Preparation`)."""
+def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashable, rows: int,
+                         send: Callable[[Any], int], ident: TaskIdentity, settings: SinkSettings, hooks: SinkHooks,
+                         phases: _Phases, prepared: PartitionState | None = None) -> SinkCommitMessage:
+    """The protocol from init_transactions on. ``rows``: the batch's row count, as the progress record
+    states it (-1: unknown, at_most_once). ``send(producer)`` produces the output and returns how
+    many rows it sent: into the transaction (exactly_once) or after it (at_most_once). ``prepared``:
+    init_transactions has returned and this is the progress partition as read after it
+    (:class:`_Preparation`)."""
     g = settings.guarantee
     tid = pooled.tid
     progress = settings.progress()
@@ -848,24 +859,24 @@ def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashabl
     try:
         state = prepared
         if not reused and prepared is None:
-            _init(pooled, spool.rows, settings)
+            _init(pooled, rows if rows >= 0 else None, settings)
             phases.lap("init")
         if pooled.read_due and state is None:
             state = progress.read(ident.partition_id)
             phases.lap("progress")
         if state is not None:
             pooled.last, pooled.snapshot_at, pooled.read_due = state.latest.get(key), state.snapshot_at, False
-        reason = _check_replay(pooled.last, ident, spool.rows, settings)
+        reason = _check_replay(pooled.last, ident, rows, settings)
         if reason:
             keep = True
-            msg = message(0 if reason == "higher" else spool.rows, reason)
+            msg = message(0 if reason == "higher" else max(rows, 0), reason)
             hooks.after_commit(ident, msg)
             return msg
         marker, snapshot_at = _Delivery(), -1
         producer.begin_transaction()
         try:
             part = progress.partition_for(ident.partition_id)
-            producer.produce(progress.topic, progress_value(ident.batch_id, spool.rows, progress.partitions),
+            producer.produce(progress.topic, progress_value(ident.batch_id, rows, progress.partitions),
                              key.encode(), part, marker)
             if state is not None and progress.snapshot_due(state):
                 snapshot = progress.snapshot_record(state)
@@ -883,7 +894,7 @@ def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashabl
                 if marker.errors:
                     raise _StaleProducer(marker.errors[0])
             if g is Guarantee.exactly_once:
-                spool.produce(producer, settings.topic)
+                send(producer)
                 phases.lap("produce")
                 flush(producer, settings.timeout_s, f"transaction {tid}")
                 phases.lap("flush")
@@ -897,7 +908,7 @@ def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashabl
             except Exception:  # fenced or broker gone: the coordinator aborts it (fencing/timeout)
                 pass
             raise
-        pooled.last = Committed(ident.batch_id, spool.rows)
+        pooled.last = Committed(ident.batch_id, rows)
         if snapshot_at >= 0:
             pooled.snapshot_at = max(snapshot_at, marker.offset + 1)
         pooled.read_due = marker.offset < 0 or marker.offset - pooled.snapshot_at >= SNAPSHOT_EVERY
@@ -911,14 +922,74 @@ def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashabl
         # The window in which a crash loses the batch: marked committed, output not yet sent.
         hooks.before_commit(ident, g)
         out_key, out, _ = _plain_producer(g, settings)
-        _send_plain(out_key, out, lambda producer: spool.produce(producer, settings.topic),
-                    f"at_most_once output of {key}", settings, phases)
+        rows = _send_plain(out_key, out, send, f"at_most_once output of {key}", settings, phases)
         if out.delivery.errors:
             errors = out.delivery.errors
             raise RuntimeError(f"{len(errors)} records not sent (at_most_once: not retried): {errors[:3]}")
-    msg = message(spool.rows, "")
+    msg = message(rows, "")
     hooks.after_commit(ident, msg)
     return msg
+
+
+#: at_most_once: how many input rows a task may take from its upstream while its new producer's
+#: init_transactions and progress read run (they are held in memory, and sent only after the mark).
+AT_MOST_ONCE_EARLY_ROWS = 100_000
+
+
+def _write_at_most_once(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIdentity,
+                        settings: SinkSettings, hooks: SinkHooks, phases: _Phases) -> SinkCommitMessage:
+    """Mark the batch committed first, then send the input as it comes (acks=0).
+
+    Nothing is spooled: the progress record says ``rows: -1`` (unknown), so a replay is skipped
+    without a row-count check. Skipping is the whole of at_most_once's answer to a replay, whatever
+    its data, and the check could only turn a skip into a failed query. The input is sent only
+    after the mark has committed, as a Kafka consumer commits its offsets before it processes: a
+    task that fails after the mark, for any reason, loses the batch, and its retry skips it.
+
+    A new producer's init_transactions and progress read run on a thread (:class:`_Preparation`),
+    while the task takes up to :data:`AT_MOST_ONCE_EARLY_ROWS` input rows from its upstream into
+    memory; those go first once the batch is marked. The transaction holds one record, so its
+    timeout is the base one, not one sized to the batch.
+    """
+    tid = settings.transactional_id(ident)
+    key = config_key(settings.client, tid)
+    timed = _first_input_timed(records, phases)
+    chunks: Iterator[Any] = iter(timed.batches if isinstance(timed, ArrowRecords) else timed)
+    early: list[Any] = []
+
+    def send(producer: Any) -> int:
+        return produce_records(producer, itertools.chain(early, chunks), settings.topic)
+
+    pooled = TXN_PRODUCERS.take(key) if settings.reuse_transactional_producers else None
+    if pooled is not None:
+        try:
+            return _write_with_progress(pooled, True, key, -1, send, ident, settings, hooks, phases)
+        except _StaleProducer:  # raised before anything was read or sent
+            phases.lap("stale")
+            log.info("transactional id %s: the pooled producer was fenced by a newer attempt; starting over "
+                     "with a new one", tid)
+    prep = _Preparation(_new_txn_producer(settings, tid, settings.transaction_timeout_ms or
+                                          BASE_TRANSACTION_TIMEOUT_MS), settings, ident.partition_id)
+    prep.start()
+    try:
+        taken, end = 0, cast(Any, object())
+        while prep.is_alive() and taken < AT_MOST_ONCE_EARLY_ROWS:
+            chunk = next(chunks, end)
+            if chunk is end:
+                break
+            early.append(chunk)
+            taken += 1 if isinstance(chunk, tuple) else len(chunk)
+    except BaseException:  # the upstream failed before the mark: the retry writes the batch
+        prep.join()
+        TXN_PRODUCERS.discard(prep.pooled)
+        raise
+    prep.join()
+    phases.seconds.update({f"{k}_overlapped": v for k, v in prep.seconds.items()})
+    phases.lap("wait_init")
+    if prep.error is not None:
+        TXN_PRODUCERS.discard(prep.pooled)
+        raise prep.error
+    return _write_with_progress(prep.pooled, False, key, -1, send, ident, settings, hooks, phases, prep.state)
 
 
 def _write_at_least_once(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIdentity,
