@@ -101,3 +101,111 @@ def test_a_file_system_that_reports_no_size_is_not_taken_for_a_full_one(b: InPro
     b.broker.logs.dir_state.min_free_bytes = 1 << 20
     assert _produce(b, b"kept").error_code == 0
     assert b.visible_values(T, 0) == [b"kept"]
+
+
+# --- offset commits: records a client's request adds to __consumer_offsets ---------------------------
+# Found by hand (scratch disk_offsets.py, a 20 MiB tmpfs, a broker process with a 4 MiB bound): once
+# produces were refused, 1,014 OffsetCommits of 4 KB metadata filled the rest of the disk; the next
+# one's short write took the directory offline and stopped the broker, and it could not start again
+# (its leader-epoch file could not be written). Offset commits now keep the bound too.
+
+NOT_COORDINATOR = 16
+
+
+def _commit(b: InProcessBroker, offset: int) -> int:
+    r = b.call(8, 8, {"group_id": "g", "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
+                      "retention_time_ms": -1, "topics": [{"name": T, "partitions": [
+                          {"partition_index": 0, "committed_offset": offset, "committed_leader_epoch": -1,
+                           "committed_metadata": "m" * 100}]}]})
+    return int(r.topics[0].partitions[0].error_code)
+
+
+def _txn_commit(b: InProcessBroker, pid: int, epoch: int, offset: int) -> int:
+    r = b.call(28, 3, {"transactional_id": "tx", "group_id": "g", "producer_id": pid, "producer_epoch": epoch,
+                       "generation_id": -1, "member_id": "", "topics": [
+                           {"name": T, "partitions": [{"partition_index": 0, "committed_offset": offset,
+                                                       "committed_leader_epoch": -1, "committed_metadata": None}]}]})
+    return int(r.topics[0].partitions[0].error_code)
+
+
+def _committed(b: InProcessBroker) -> int:
+    r = b.call(9, 8, {"groups": [{"group_id": "g", "topics": [{"name": T, "partition_indexes": [0]}]}],
+                      "require_stable": True})
+    return int(r.groups[0].topics[0].partitions[0].committed_offset)
+
+
+def _offsets_log(b: InProcessBroker) -> Any:
+    coord = b.broker.coordination
+    return b.broker.logs.get_partition(*coord.offsets_partition_for("g"))
+
+
+def test_offset_commits_past_the_free_space_kept_are_refused_and_markers_still_land(b: InProcessBroker) -> None:
+    assert _commit(b, 1) == 0
+    err, pid, epoch = b.init_producer_id("tx")
+    assert err == 0
+    assert b.call(25, 3, {"transactional_id": "tx", "producer_id": pid, "producer_epoch": epoch,
+                          "group_id": "g"}).error_code == 0
+    assert _txn_commit(b, pid, epoch, 2) == 0
+    offsets = _offsets_log(b)
+    end = offsets.log_end_offset
+    b.broker.logs.dir_state.min_free_bytes = 1 << 62  # the disk is "full" from here on
+    assert _commit(b, 3) == NOT_COORDINATOR  # as Kafka answers a storage error here: retriable
+    assert _txn_commit(b, pid, epoch, 4) == NOT_COORDINATOR
+    assert offsets.log_end_offset == end
+    assert b.end_txn("tx", pid, epoch, commit=True) == 0  # its markers are the broker's own records
+    assert offsets.log_end_offset == end + 1
+    assert _committed(b) == 2
+    assert b.broker.storage_failure is None
+    b.broker.logs.dir_state.min_free_bytes = 0
+    assert _commit(b, 5) == 0
+    b.restart()
+    assert _committed(b) == 5
+
+
+def test_an_offset_commit_the_disk_cuts_short_is_refused_and_the_broker_stays_up(
+        b: InProcessBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    b.broker.logs.dir_state.min_free_bytes = 0  # the check off: the disk itself says it is full
+    assert _commit(b, 1) == 0
+    offsets = _offsets_log(b)
+    end, size = offsets.log_end_offset, offsets.active.size
+    real_pwrite = fileio.fs.pwrite
+    monkeypatch.setattr(fileio.fs, "pwrite", lambda fd, data, position: real_pwrite(
+        fd, bytes(data)[: len(data) // 2], position))
+    assert _commit(b, 2) == NOT_COORDINATOR
+    assert (offsets.log_end_offset, offsets.active.size) == (end, size)
+    assert offsets.active.path.stat().st_size == size
+    assert b.broker.storage_failure is None and b.broker.logs.dir_state.offline_reason is None
+    monkeypatch.undo()
+    assert _committed(b) == 1
+    assert _commit(b, 3) == 0
+    b.restart()
+    assert _committed(b) == 3
+
+
+def test_transaction_steps_that_add_records_are_refused_and_those_that_finish_one_are_not(
+        b: InProcessBroker) -> None:
+    """InitProducerId of a new transactional id, AddPartitionsToTxn and AddOffsetsToTxn add to
+    __transaction_state (a client creating transactional ids in a loop would fill the disk): past the
+    bound they get NOT_COORDINATOR, nothing written. EndTxn, which finishes a transaction, goes through."""
+    b.create_topic("u", 1)
+    err, pid, epoch = b.init_producer_id("tx")
+    assert err == 0 and b.add_partitions("tx", pid, epoch, [(T, 0)]) == {(T, 0): 0}
+    assert _produce(b, b"in-txn", tid="tx", batch={"pid": pid, "epoch": epoch, "seq": 0, "txn": True}).error_code == 0
+    txn_log = b.broker.logs.get_partition("__transaction_state", 0)
+    assert txn_log is not None
+    end = txn_log.log_end_offset
+    b.broker.logs.dir_state.min_free_bytes = 1 << 62
+    assert b.init_producer_id("another")[0] == NOT_COORDINATOR
+    assert b.add_partitions("tx", pid, epoch, [("u", 0)]) == {("u", 0): NOT_COORDINATOR}
+    assert b.add_partitions("tx", pid, epoch, [(T, 0)]) == {(T, 0): 0}  # already in it: nothing to write
+    assert b.call(25, 3, {"transactional_id": "tx", "producer_id": pid, "producer_epoch": epoch,
+                          "group_id": "g"}).error_code == NOT_COORDINATOR
+    assert txn_log.log_end_offset == end
+    assert b.end_txn("tx", pid, epoch, commit=True) == 0
+    assert txn_log.log_end_offset > end and b.broker.storage_failure is None
+    assert b.visible_values(T, 0) == [b"in-txn"]
+    b.broker.logs.dir_state.min_free_bytes = 0
+    err2, pid2, _ = b.init_producer_id("another")
+    assert err2 == 0 and pid2 >= 0
+    b.restart()
+    assert b.init_producer_id("another")[0] == 0

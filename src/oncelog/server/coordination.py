@@ -26,6 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import zlib
 from collections.abc import Awaitable, Callable
@@ -39,8 +40,9 @@ from oncelog.protocol import records as rb
 from oncelog.protocol.errors import ErrorCode
 from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.internal_log import encode_batch, read_all
+from oncelog.server.refusals import storage_refused
 from oncelog.storage import fileio
-from oncelog.storage.errors import ProducerStateError
+from oncelog.storage.errors import DiskFullError, ProducerStateError
 from oncelog.storage.partition_log import AppendOrigin
 
 if TYPE_CHECKING:
@@ -218,11 +220,19 @@ class Coordination:
         for key, value in records:
             self.txn.replay(key, value)
 
-    def answer_when_durable(self, transactional_id: str, result: TxnResult,
-                            answer: Callable[[TxnResult], T]) -> T | Awaitable[T]:
+    def answer_when_durable(self, transactional_id: str, result: TxnResult, answer: Callable[[TxnResult], T],
+                            *, bounded: bool = False) -> T | Awaitable[T]:
         """A client's transaction step: ``answer(result)`` at once when the result changes nothing;
         otherwise an awaitable of it, ready once every step of :meth:`apply_txn_result` is done
         and durable, in its order, each fsync on the sync thread.
+
+        ``bounded``: a step by which a client's request adds to the transaction log
+        (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn) is refused when its records would eat
+        into ``log_dir_min_free_bytes``. It is answered NOT_COORDINATOR, as Kafka answers a storage
+        error of the transaction log, and nothing of it is written or replayed (the coordinator
+        computes a step without changing its state). A client creating transactional ids in a loop
+        would otherwise fill the disk. The steps that finish what is written (EndTxn, the markers,
+        the timeout's abort) are never refused.
 
         The transactional id is pending from now until its last record is replayed (module doc). The
         steps start now, as a task of their own, whether or not anyone awaits the answer: a client
@@ -232,8 +242,19 @@ class Coordination:
         pending for good (the socket fuzz found that: the timeout scan skips a pending id, so its
         transaction stayed open and its partitions' last stable offset stuck).
         """
+        if bounded and result.records and (refused := self._txn_log_refused(result.records)) is not None:
+            storage_refused(refused)
+            return answer(dataclasses.replace(
+                result, error=ErrorCode.not_coordinator, producer_id=-1, producer_epoch=-1, records=[], markers=[],
+                partition_errors=dict.fromkeys(result.partition_errors, ErrorCode.not_coordinator)))
         step = self.start_step(transactional_id, result)
         return answer(result) if step is None else self._answer_after(step, result, answer)
+
+    def _txn_log_refused(self, records: list[tuple[bytes, bytes | None]]) -> DiskFullError | None:
+        txn_log = self._txn_log()
+        size = rb.HEADER_SIZE + sum(20 + len(k) + len(v or b"") for k, v in records)
+        refused = txn_log.dir_state.client_write_refused(txn_log.directory, size)
+        return None if refused is None else DiskFullError(f"{txn_log.name}: {refused}")
 
     @staticmethod
     async def _answer_after(step: asyncio.Task[None], result: TxnResult, answer: Callable[[TxnResult], T]) -> T:
@@ -389,9 +410,13 @@ class Coordination:
             self.groups.replay_control(producer_id, commit)
 
     # --- groups -----------------------------------------------------------------------------------
-    def apply_group_records(self, group_id: str, records: list[tuple[bytes, bytes | None]]
-                            ) -> AnsweredWhenDurable | None:
+    def apply_group_records(self, group_id: str, records: list[tuple[bytes, bytes | None]], *,
+                            bounded: bool = False) -> AnsweredWhenDurable | None:
         """Append to the group's offsets partition, then replay (records, then replay).
+
+        ``bounded``: records a client's request adds (OffsetCommit), refused with DiskFullError,
+        nothing appended or replayed, when they would eat into ``log_dir_min_free_bytes``
+        (``PartitionLog.append``): a client committing offsets in a loop must not fill the disk.
 
         Returns what the answer must wait for: None, or, when the partition's appends must be
         durable before they are acknowledged (flush_every_append, flush.messages) and an event loop
@@ -401,17 +426,17 @@ class Coordination:
         topic, partition = self.offsets_partition_for(group_id)
         plog = self.broker.logs.get_partition(topic, partition)
         assert plog is not None
-        wait = self._append_offsets(plog, encode_batch(records, self.broker.clock.now_ms()))
+        wait = self._append_offsets(plog, encode_batch(records, self.broker.clock.now_ms()), bounded=bounded)
         for key, value in records:
             self.groups.replay(key, value)
         return wait
 
-    def _append_offsets(self, plog: Any, batch: bytes) -> AnsweredWhenDurable | None:
+    def _append_offsets(self, plog: Any, batch: bytes, *, bounded: bool = False) -> AnsweredWhenDurable | None:
         """Append ``batch`` to an offsets partition; what its answer must wait for (see
         :meth:`apply_group_records`). Raises what ``PartitionLog.append`` raises, having appended
-        nothing."""
+        nothing (DiskFullError only when ``bounded``)."""
         running = _loop_running()
-        plog.append(batch, origin=AppendOrigin.COORDINATOR, defer_sync=running)
+        plog.append(batch, origin=AppendOrigin.COORDINATOR, defer_sync=running, bounded=bounded)
         if not running or plog.synced_end >= plog.log_end_offset or not plog.must_sync:
             return None
         return AnsweredWhenDurable.after_appends(self.broker, [(plog, plog.log_end_offset)], None)
@@ -427,17 +452,21 @@ class Coordination:
                                  records: list[tuple[bytes, bytes | None]]
                                  ) -> tuple[ErrorCode, AnsweredWhenDurable | None]:
         """TxnOffsetCommit: the records join the producer's transaction in the offsets partition.
-        Returns the error (the partition refused the batch) or NONE, and what the answer must wait
-        for, as :meth:`apply_group_records` returns."""
+        Returns the error (the partition refused the batch; NOT_COORDINATOR, as Kafka answers a
+        storage error here, when it would eat into ``log_dir_min_free_bytes``) or NONE, and what
+        the answer must wait for, as :meth:`apply_group_records` returns."""
         topic, partition = self.offsets_partition_for(group_id)
         plog = self.broker.logs.get_partition(topic, partition)
         assert plog is not None
         batch = encode_batch(records, self.broker.clock.now_ms(), producer_id=producer_id,
                              producer_epoch=producer_epoch, transactional=True)
         try:
-            wait = self._append_offsets(plog, batch)
+            wait = self._append_offsets(plog, batch, bounded=True)
         except ProducerStateError as exc:
             return ErrorCode(exc.error_code), None
+        except DiskFullError as exc:
+            storage_refused(exc)
+            return ErrorCode.not_coordinator, None
         for key, value in records:
             self.groups.replay(key, value, producer_id, transactional=True)
         return ErrorCode.none, wait

@@ -106,9 +106,10 @@ class LogDirState:
     takes no more writes (Kafka marks the log dir offline) and the broker must stop.
 
     It also keeps ``min_free_bytes`` free for what the broker itself must write (markers,
-    transaction and offset records, indexes, snapshots): a client's append that would leave less is
-    refused (DiskFullError, :meth:`client_write_refused`), so that a client filling the disk is
-    answered with an error instead of stopping the broker. 0 turns the check off."""
+    transaction records, indexes, snapshots): a client's append, or a record a client's request
+    adds (an offset commit: ``PartitionLog.append``'s ``bounded``), that would leave less is refused
+    (DiskFullError, :meth:`client_write_refused`), so that a client filling the disk is answered
+    with an error instead of stopping the broker. 0 turns the check off."""
 
     offline_reason: str | None = None
     min_free_bytes: int = 0
@@ -436,8 +437,14 @@ class PartitionLog:
 
     # --- appends ---------------------------------------------------------------------------------
     def append(self, records: bytes | bytearray, *, origin: AppendOrigin = AppendOrigin.CLIENT,
-               defer_sync: bool = False) -> AppendResult:
+               defer_sync: bool = False, bounded: bool = False) -> AppendResult:
         """Validate and append whole batches; offsets are assigned here. See the module docstring.
+
+        A client's append (``origin`` CLIENT), and a coordinator's that is ``bounded`` (records a
+        client's request adds, such as an offset commit, as opposed to those that complete what is
+        already written, such as markers), is refused with DiskFullError when it would leave less
+        than ``log_dir_min_free_bytes`` free, or when the disk cuts its write short; nothing of it
+        stays. Any other append the disk cuts short takes the log directory offline.
 
         With ``flush_every_append`` (or ``flush.messages`` reached) the data is fsynced before this
         returns, unless ``defer_sync``: then the caller must not acknowledge before
@@ -475,7 +482,7 @@ class PartitionLog:
             if plan.duplicate is not None:
                 first, last = plan.duplicate
                 return AppendResult(first, last, -1, self.log_start_offset, duplicate=True)
-        if origin is AppendOrigin.CLIENT and \
+        if (origin is AppendOrigin.CLIENT or bounded) and \
                 (refused := self.dir_state.client_write_refused(self.directory, len(records))) is not None:
             raise DiskFullError(f"{self.name}: {refused}")
         self._maybe_roll(now, len(records), origin)
@@ -502,7 +509,7 @@ class PartitionLog:
         try:
             seg.append(buf, placed)
         except DiskFullError as exc:
-            if origin is not AppendOrigin.CLIENT:  # the broker's own records must be written
+            if origin is not AppendOrigin.CLIENT and not bounded:  # the broker's own records must be written
                 raise self.dir_state.fail(self.name, exc) from exc
             raise
         if plan is not None:

@@ -17,6 +17,8 @@ from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request, td_ms
 from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.authz import Op, R, allowed, authorized_operations
+from oncelog.server.refusals import storage_refused
+from oncelog.storage.errors import DiskFullError
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
@@ -165,8 +167,14 @@ def handle_offset_commit(broker: Broker, req: Request) -> dict[str, Any] | Await
                                         getattr(b, "group_instance_id", None), known)
         errors = _in_request_order(offsets, errors, result.errors)
         if result.records:
-            return _answer_when_durable(c.apply_group_records(b.group_id, result.records),
-                                        {"throttle_time": 0, "topics": _by_topic(errors)})
+            try:
+                wait = c.apply_group_records(b.group_id, result.records, bounded=True)
+            except DiskFullError as exc:  # Kafka answers NOT_COORDINATOR to a storage error here; retriable
+                storage_refused(exc)
+                refused = {tp: ErrorCode.not_coordinator for tp, code in result.errors.items()
+                           if code == ErrorCode.none}
+                return {"throttle_time": 0, "topics": _by_topic(_in_request_order(offsets, errors, refused))}
+            return _answer_when_durable(wait, {"throttle_time": 0, "topics": _by_topic(errors)})
     return {"throttle_time": 0, "topics": _by_topic(errors)}
 
 

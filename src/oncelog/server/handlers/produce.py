@@ -8,7 +8,6 @@ partition does not fail the others. acks=0 gets no response at all, as in Kafka.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request
 from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.authz import Op, R, allowed, create_topic_allowed, idempotent_write_allowed
+from oncelog.server.refusals import storage_refused
 from oncelog.server.topics import ensure_topic
 from oncelog.storage import errors as storage_errors
 from oncelog.storage.fileio import StorageOfflineError
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from oncelog.server.broker import Broker
 
 log = logging.getLogger("oncelog.server")
-_refusal_logged = [-60.0]  # when a produce refused for want of room was last logged (time.monotonic)
 
 
 def _error(index: int, code: ErrorCode, message: str | None = None) -> dict[str, Any]:
@@ -95,10 +94,7 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
         return _error(partition, ErrorCode(exc.error_code), str(exc))
     except (storage_errors.DiskFullError, storage_errors.SegmentRollRefusedError) as exc:
         # Out of disk space or descriptors: retriable (retention may free room), the broker stays up.
-        now = time.monotonic()
-        if now - _refusal_logged[0] >= 60:  # once a minute: every refused produce would flood the log
-            _refusal_logged[0] = now
-            log.warning("%s", exc)
+        storage_refused(exc)
         return _error(partition, ErrorCode.kafka_storage_error, str(exc))
     except StorageOfflineError as exc:
         broker.storage_failed(exc)

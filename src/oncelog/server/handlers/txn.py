@@ -37,7 +37,7 @@ def handle_init_producer_id(broker: Broker, req: Request) -> dict[str, Any] | Aw
     result = c.txn.init_producer_id(
         body.transactional_id, td_ms(body.transaction_timeout),
         getattr(body, "producer_id", -1), getattr(body, "producer_epoch", -1))
-    return c.answer_when_durable(body.transactional_id or "", result, _init_producer_id_answer)
+    return c.answer_when_durable(body.transactional_id or "", result, _init_producer_id_answer, bounded=True)
 
 
 def _init_producer_id_answer(result: Any) -> dict[str, Any]:
@@ -68,7 +68,8 @@ def handle_add_partitions_to_txn(broker: Broker, req: Request) -> dict[str, Any]
                   for tp in requested}
     else:
         result = c.txn.add_partitions_to_txn(transactional_id, producer_id, producer_epoch, requested)
-        return c.answer_when_durable(transactional_id, result, lambda r: _add_partitions_answer(r.partition_errors))
+        return c.answer_when_durable(transactional_id, result, lambda r: _add_partitions_answer(r.partition_errors),
+                                     bounded=True)
     return _add_partitions_answer(errors)
 
 
@@ -88,7 +89,7 @@ def handle_add_offsets_to_txn(broker: Broker, req: Request) -> dict[str, Any] | 
     if not allowed(broker, req, Op.READ, R.GROUP, body.group_id):
         return _denied(ErrorCode.group_authorization_failed)
     result = c.txn.add_offsets_to_txn(body.transactional_id, body.producer_id, body.producer_epoch, body.group_id)
-    return c.answer_when_durable(body.transactional_id, result, _error_answer)
+    return c.answer_when_durable(body.transactional_id, result, _error_answer, bounded=True)
 
 
 def handle_end_txn(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
