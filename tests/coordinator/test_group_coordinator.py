@@ -224,3 +224,34 @@ def test_group_transitions_are_checked() -> None:
 def test_join_result_types() -> None:
     gc, _ = make()
     assert isinstance(join(gc).value, JoinResult)
+
+
+def test_an_assignment_too_large_to_store_is_refused_and_the_group_rebalances() -> None:
+    """Kafka stores a group with its assignment in one record of __consumer_offsets, bounded by
+    message.max.bytes: past it the leader's SyncGroup fails, every member waiting in SyncGroup gets
+    UNKNOWN_SERVER_ERROR, and the group rebalances. Before, a client's 3 MB assignment (and 3 MB of
+    protocol metadata) was kept and written as a 6 MB record per group (scratch big_group.py)."""
+    gc = GroupCoordinator(ManualClock(), group_initial_rebalance_delay_ms=0, group_max_record_bytes=4000)
+    a = join(gc)
+    a_id = a.value.member_id
+    assert sync(gc, a_id, 1, [(a_id, b"x" * 100)]).value.assignment == b"x" * 100
+    gc.take_records()
+    b = join(gc)
+    a2 = join(gc, a_id)
+    b_id, gen = b.value.member_id, b.value.generation_id
+    assert a2.value.leader == a_id and gen == 2
+    follower = sync(gc, b_id, gen)
+    assert follower.value is None
+    leader = sync(gc, a_id, gen, [(a_id, b"p" * 2000), (b_id, b"q" * 2000)])
+    assert leader.value.error == follower.value.error == ErrorCode.unknown_server_error
+    g = gc.groups["g"]
+    assert g.state is GroupState.PREPARING_REBALANCE
+    assert all(m.assignment == b"" for m in g.members.values())
+    assert not any(b"cHBw" in (v or b"") for _k, v in gc.take_records()), "the refused assignment was stored"
+    b3, a3 = join(gc, b_id), join(gc, a_id)  # they rejoin; a smaller assignment is stored
+    gen3 = a3.value.generation_id
+    assert gen3 == b3.value.generation_id == 3
+    f3 = sync(gc, b_id, gen3)
+    l3 = sync(gc, a_id, gen3, [(a_id, b"p" * 1000), (b_id, b"q" * 1000)])
+    assert (l3.value.error, f3.value.error) == (ErrorCode.none, ErrorCode.none)
+    assert f3.value.assignment == b"q" * 1000 and g.state is GroupState.STABLE

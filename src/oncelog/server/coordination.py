@@ -89,7 +89,8 @@ class Coordination:
             broker.clock, group_min_session_timeout_ms=cfg.group_min_session_timeout_ms,
             group_max_session_timeout_ms=cfg.group_max_session_timeout_ms,
             group_initial_rebalance_delay_ms=cfg.group_initial_rebalance_delay_ms,
-            offsets_retention_ms=cfg.offsets_retention_minutes * 60_000)
+            offsets_retention_ms=cfg.offsets_retention_minutes * 60_000,
+            group_max_record_bytes=cfg.message_max_bytes)
         self._checkpoint_bytes: dict[str, int] = {}  # per internal partition: size of its last checkpoint
         self._steps: set[asyncio.Task[None]] = set()  # steps in flight (start_step: the timeout scan's and clients')
 

@@ -29,7 +29,12 @@ from kio.schema.errors import ErrorCode
 
 from oncelog.clock import Clock
 from oncelog.coordinator.group import offset_records as rec
-from oncelog.coordinator.group.group_metadata_manager import GroupMetadataManager, JoinResult, SyncResult
+from oncelog.coordinator.group.group_metadata_manager import (
+    DEFAULT_GROUP_MAX_RECORD_BYTES,
+    GroupMetadataManager,
+    JoinResult,
+    SyncResult,
+)
 from oncelog.coordinator.group.group_state import GroupMetadata, GroupState
 from oncelog.coordinator.group.offset_metadata_manager import OffsetMetadataManager, OffsetToCommit
 from oncelog.coordinator.group.offset_records import OffsetAndMetadata
@@ -49,13 +54,15 @@ class OffsetCommitResult:
 class GroupCoordinator:
     def __init__(self, clock: Clock, *, group_min_session_timeout_ms: int = 6000,
                  group_max_session_timeout_ms: int = 1_800_000, group_initial_rebalance_delay_ms: int = 3000,
-                 offsets_retention_ms: int = 7 * 24 * 3600 * 1000) -> None:
+                 offsets_retention_ms: int = 7 * 24 * 3600 * 1000,
+                 group_max_record_bytes: int = DEFAULT_GROUP_MAX_RECORD_BYTES) -> None:
         self.clock = clock
         self.offsets_retention_ms = offsets_retention_ms
         self.membership = GroupMetadataManager(
             clock, group_min_session_timeout_ms=group_min_session_timeout_ms,
             group_max_session_timeout_ms=group_max_session_timeout_ms,
-            group_initial_rebalance_delay_ms=group_initial_rebalance_delay_ms)
+            group_initial_rebalance_delay_ms=group_initial_rebalance_delay_ms,
+            group_max_record_bytes=group_max_record_bytes)
         self.offset_store = OffsetMetadataManager()
         #: The earliest membership deadline ahead as of the last :meth:`tick` (None: nothing due).
         self.next_timer_ms: int | None = None

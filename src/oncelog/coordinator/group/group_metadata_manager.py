@@ -61,11 +61,31 @@ class SyncResult:
     assignment: bytes = b""
 
 
+#: Kafka's default ``message.max.bytes``, which bounds a group's record in ``__consumer_offsets``.
+DEFAULT_GROUP_MAX_RECORD_BYTES = 1024 * 1024 + 12
+
+
+def stored_group_bytes(g: GroupMetadata, assignments: dict[str, bytes]) -> int:
+    """The size of ``g``'s record with ``assignments``, as Kafka's GroupMetadata value (v3) counts it:
+    per member its ids, client id and host, the chosen protocol's metadata and its assignment. Our
+    own record (JSON, every protocol's metadata) may differ; the limit is Kafka's."""
+    size = 64 + len(g.protocol_type or "") + len(g.protocol_name or "") + len(g.leader_id or "")
+    for m in g.members.values():
+        chosen = next((d for n, d in m.protocols if n == g.protocol_name), b"")
+        size += (32 + len(m.member_id) + len(m.group_instance_id or "") + len(m.client_id) + len(m.client_host)
+                 + len(chosen) + len(assignments.get(m.member_id, b"")))
+    return size
+
+
 class GroupMetadataManager:
     def __init__(self, clock: Clock, *, group_min_session_timeout_ms: int = 6000,
                  group_max_session_timeout_ms: int = 1_800_000,
-                 group_initial_rebalance_delay_ms: int = 3000) -> None:
+                 group_initial_rebalance_delay_ms: int = 3000,
+                 group_max_record_bytes: int = DEFAULT_GROUP_MAX_RECORD_BYTES) -> None:
+        """``group_max_record_bytes``: the most a group's record may take with its assignment (the
+        offsets topic's ``max.message.bytes`` in Kafka); a leader's SyncGroup past it is refused."""
         self.clock = clock
+        self.max_record_bytes = group_max_record_bytes
         self.min_session_ms = group_min_session_timeout_ms
         self.max_session_ms = group_max_session_timeout_ms
         self.initial_rebalance_delay_ms = group_initial_rebalance_delay_ms
@@ -330,6 +350,14 @@ class GroupMetadataManager:
         m.awaiting_sync = respond
         if member_id == g.leader_id:
             given = dict(assignments)
+            if stored_group_bytes(g, given) > self.max_record_bytes:
+                # Kafka's storeGroup fails (RECORD_LIST_TOO_LARGE): every member waiting in SyncGroup
+                # gets UNKNOWN_SERVER_ERROR and the group rebalances; nothing is stored.
+                for x in g.members.values():
+                    callback, x.awaiting_sync = x.awaiting_sync, None
+                    if callback is not None:
+                        callback(SyncResult(ErrorCode.unknown_server_error))
+                return self._prepare_rebalance(g, now)
             for x in g.members.values():
                 x.assignment = given.get(x.member_id, b"")
             g.transition_to(G.STABLE, now)

@@ -9,6 +9,7 @@ this handler awaits. Records the coordinator returns go through ``Coordination.a
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,8 @@ from oncelog.storage.errors import DiskFullError
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
+
+log = logging.getLogger("oncelog.server")
 
 
 def _join_body(r: JoinResult) -> dict[str, Any]:
@@ -73,6 +76,10 @@ async def handle_sync_group(broker: Broker, req: Request) -> dict[str, Any]:
     await _durable(c.flush_group_records())
     r = await fut
     await _durable(c.flush_group_records())
+    if r.error == ErrorCode.unknown_server_error and b.assignments:  # the only SyncGroup error of its kind
+        log.warning("group %s: the leader's assignment would make the group's record larger than "
+                    "message.max.bytes (%d); refused with UNKNOWN_SERVER_ERROR, as Kafka does, and the group "
+                    "rebalances", b.group_id, broker.config.message_max_bytes)
     return {"throttle_time": 0, "error_code": r.error, "protocol_type": r.protocol_type,
             "protocol_name": r.protocol_name, "assignment": r.assignment}
 
