@@ -339,3 +339,29 @@ def test_the_pipeline_bench_removes_its_broker_data_and_checkpoints(tmp_path: Pa
     assert pipeline_bench.main(args + (["--keep"] if keep else [])) == 0
     left = sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.iterdir() if p.name.startswith("oncelog-pipeline-bench"))
     assert left == (["oncelog-pipeline-bench", "oncelog-pipeline-bench-broker"] if keep else [])
+
+
+@pytest.mark.parametrize("samples_per_run,runs,n", [([[], [1.5, 2.5]], 2, 2), ([[3.0]], 1, 1), ([[], []], 2, 0)])
+def test_a_fixed_rate_run_without_a_sample_is_run_once_more(samples_per_run: list[list[float]], runs: int,
+                                                            n: int) -> None:
+    """A fixed-rate run whose consumers saw no record of the window (CI saw it once, --quick, the
+    Tansu broker's read_committed row at 50%) is run again, once; ``runs`` tells."""
+    from oncelog.bench.clients import Result, RunResult
+    from oncelog.bench.runner import Bench, Plan
+
+    bench = Bench(Plan.quick_plan(), [], pool=None, progress=lambda _msg: None)  # type: ignore[arg-type]
+    given = iter(samples_per_run)
+    calls: list[int] = []
+
+    def fake_run(broker: Any, jobs: Any, pool: Any = None) -> Any:
+        calls.append(len(jobs))
+        sample = CpuSample.take(os.getpid())
+        consumer = Result(records=5, latencies_ms=next(given))
+        return RunResult([Result(records=5, sent_per_s=10.0), consumer], 0.0, 1.0), sample, sample
+
+    bench._run = fake_run  # type: ignore[method-assign]
+    broker = type("B", (), {"bootstrap": "127.0.0.1:1"})()
+    lat = bench.latency(broker, "t", 1, 10.0, processes=1, per_process=1, size=100,  # type: ignore[arg-type]
+                        consume="read_committed")
+    assert (lat["runs"], lat["n"], len(calls)) == (runs, n, runs)
+    assert calls == [2] * runs  # the same producer and consumer jobs each time
