@@ -482,8 +482,8 @@ class PartitionLog:
             if plan.duplicate is not None:
                 first, last = plan.duplicate
                 return AppendResult(first, last, -1, self.log_start_offset, duplicate=True)
-        if (origin is AppendOrigin.CLIENT or bounded) and \
-                (refused := self.dir_state.client_write_refused(self.directory, len(records))) is not None:
+        refusable = origin is AppendOrigin.CLIENT or bounded  # refused for want of room, never fatal
+        if refusable and (refused := self.dir_state.client_write_refused(self.directory, len(records))) is not None:
             raise DiskFullError(f"{self.name}: {refused}")
         self._maybe_roll(now, len(records), origin)
         buf = bytearray(records)
@@ -509,7 +509,7 @@ class PartitionLog:
         try:
             seg.append(buf, placed)
         except DiskFullError as exc:
-            if origin is not AppendOrigin.CLIENT and not bounded:  # the broker's own records must be written
+            if not refusable:  # the broker's own records must be written
                 raise self.dir_state.fail(self.name, exc) from exc
             raise
         if plan is not None:
