@@ -262,15 +262,16 @@ class GroupMetadataManager:
             self._prepare_rebalance(g, now)
         self._maybe_complete_join(g, now)
 
-    def _prepare_rebalance(self, g: GroupMetadata, now: int) -> None:
+    def _prepare_rebalance(self, g: GroupMetadata, now: int,
+                           sync_error: ErrorCode = ErrorCode.rebalance_in_progress) -> None:
         if g.state is G.COMPLETING_REBALANCE:
             # The leader's assignment for this generation will never be used: forget the old one
-            # and send the members waiting in SyncGroup back to JoinGroup.
+            # and send the members waiting in SyncGroup back to JoinGroup, with ``sync_error``.
             for m in g.members.values():
                 m.assignment = b""
                 if m.awaiting_sync is not None:
                     callback, m.awaiting_sync = m.awaiting_sync, None
-                    callback(SyncResult(ErrorCode.rebalance_in_progress))
+                    callback(SyncResult(sync_error))
         if g.state is G.EMPTY:
             g.initial_delay_until_ms = now + self.initial_rebalance_delay_ms
         g.transition_to(G.PREPARING_REBALANCE, now)
@@ -353,11 +354,7 @@ class GroupMetadataManager:
             if stored_group_bytes(g, given) > self.max_record_bytes:
                 # Kafka's storeGroup fails (RECORD_LIST_TOO_LARGE): every member waiting in SyncGroup
                 # gets UNKNOWN_SERVER_ERROR and the group rebalances; nothing is stored.
-                for x in g.members.values():
-                    callback, x.awaiting_sync = x.awaiting_sync, None
-                    if callback is not None:
-                        callback(SyncResult(ErrorCode.unknown_server_error))
-                return self._prepare_rebalance(g, now)
+                return self._prepare_rebalance(g, now, sync_error=ErrorCode.unknown_server_error)
             for x in g.members.values():
                 x.assignment = given.get(x.member_id, b"")
             g.transition_to(G.STABLE, now)
