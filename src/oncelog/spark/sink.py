@@ -732,18 +732,11 @@ def write_partition(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIden
         if pooled is not None and pooled.timeout_ms < need_ms:
             TXN_PRODUCERS.discard(pooled)  # sized for smaller batches; a new one fences it anyway
             pooled = None
-        if pooled is not None:
-            try:
-                return _write_with_progress(pooled, True, key, spool.rows, send, ident, settings, hooks,
-                                            phases)
-            except _StaleProducer:
-                phases.lap("stale")
-                log.info("transactional id %s: the pooled producer was fenced by a newer attempt; starting over "
-                         "with a new one", tid)
+        if pooled is not None and (msg := _with_pooled(pooled, key, spool.rows, send, ident, settings, hooks,
+                                                        phases)) is not None:
+            return msg
         if prep is not None:
-            prep.join()
-            phases.seconds.update({f"{k}_overlapped": v for k, v in prep.seconds.items()})
-            phases.lap("wait_init")
+            prep.finish(phases)
             if prep.error is None and prep.pooled.timeout_ms >= need_ms:
                 return _write_with_progress(prep.pooled, False, key, spool.rows, send, ident, settings,
                                             hooks, phases, prep.state)
@@ -758,6 +751,19 @@ def write_partition(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIden
 #: Per process: the transaction timeout a new producer of a transactional id is made with (twice
 #: the largest batch its tasks spooled), until the input is known; 2 minutes at first.
 _SIZED_MS: dict[Hashable, int] = {}
+
+
+def _with_pooled(pooled: PooledProducer, key: Hashable, rows: int, send: Callable[[Any], int], ident: TaskIdentity,
+                 settings: SinkSettings, hooks: SinkHooks, phases: _Phases) -> SinkCommitMessage | None:
+    """The task's write with a producer from the pool; None when a newer attempt had fenced it
+    (found out before any output), and the task must start over with a new one."""
+    try:
+        return _write_with_progress(pooled, True, key, rows, send, ident, settings, hooks, phases)
+    except _StaleProducer:
+        phases.lap("stale")
+        log.info("transactional id %s: the pooled producer was fenced by a newer attempt; starting over "
+                 "with a new one", pooled.tid)
+        return None
 
 
 class _TimeoutRefused(RuntimeError):
@@ -786,6 +792,12 @@ class _Preparation(threading.Thread):
             self.seconds = {"init": round(t1 - t0, 4), "progress": round(t2 - t1, 4)}
         except BaseException as exc:  # handed to the task's thread, which raises it
             self.error = exc
+
+    def finish(self, phases: _Phases) -> None:
+        """Wait for it; its own phases go into the task's, and the wait is a phase of its own."""
+        self.join()
+        phases.seconds.update({f"{k}_overlapped": v for k, v in self.seconds.items()})
+        phases.lap("wait_init")
 
 
 def _new_txn_producer(settings: SinkSettings, tid: str, timeout_ms: int) -> PooledProducer:
@@ -961,13 +973,8 @@ def _write_at_most_once(records: Iterable[OutRecord] | ArrowRecords, ident: Task
         return produce_records(producer, itertools.chain(early, chunks), settings.topic)
 
     pooled = TXN_PRODUCERS.take(key) if settings.reuse_transactional_producers else None
-    if pooled is not None:
-        try:
-            return _write_with_progress(pooled, True, key, -1, send, ident, settings, hooks, phases)
-        except _StaleProducer:  # raised before anything was read or sent
-            phases.lap("stale")
-            log.info("transactional id %s: the pooled producer was fenced by a newer attempt; starting over "
-                     "with a new one", tid)
+    if pooled is not None and (msg := _with_pooled(pooled, key, -1, send, ident, settings, hooks, phases)) is not None:
+        return msg  # (a stale pooled producer is found out before anything was read or sent)
     prep = _Preparation(_new_txn_producer(settings, tid, settings.transaction_timeout_ms or
                                           BASE_TRANSACTION_TIMEOUT_MS), settings, ident.partition_id)
     prep.start()
@@ -983,9 +990,7 @@ def _write_at_most_once(records: Iterable[OutRecord] | ArrowRecords, ident: Task
         prep.join()
         TXN_PRODUCERS.discard(prep.pooled)
         raise
-    prep.join()
-    phases.seconds.update({f"{k}_overlapped": v for k, v in prep.seconds.items()})
-    phases.lap("wait_init")
+    prep.finish(phases)
     if prep.error is not None:
         TXN_PRODUCERS.discard(prep.pooled)
         raise prep.error
