@@ -209,3 +209,64 @@ def test_transaction_steps_that_add_records_are_refused_and_those_that_finish_on
     assert err2 == 0 and pid2 >= 0
     b.restart()
     assert b.init_producer_id("another")[0] == 0
+
+
+def _join(b: InProcessBroker, member_id: str = "", metadata: bytes = b"m") -> Any:
+    return b.call(11, 3, {"group_id": "g", "session_timeout": 30000, "rebalance_timeout": 30000,
+                          "member_id": member_id, "protocol_type": "consumer",
+                          "protocols": [{"name": "range", "metadata": metadata}]})
+
+
+def _sync(b: InProcessBroker, join: Any, assignment: bytes) -> Any:
+    return b.call(14, 3, {"group_id": "g", "generation_id": join.generation_id, "member_id": join.member_id,
+                          "group_instance_id": None,
+                          "assignments": [{"member_id": join.member_id, "assignment": assignment}]})
+
+
+def test_group_membership_past_the_free_space_kept_is_refused_before_it_changes_anything(
+        tmp_path: Path) -> None:
+    """Membership records (a group's Stable record with its assignment, up to message.max.bytes; the
+    Empty record when its members go) are written after the state change they image. Before, a client
+    joining new groups with large metadata and syncing large assignments filled the disk past the
+    bound, and the short write stopped the broker (by hand: 4 groups of 400 KB on a 20 MiB tmpfs).
+    Now past the bound a JoinGroup gets NOT_COORDINATOR before it changes anything, and a leader's
+    SyncGroup whose record does not fit gets NOT_COORDINATOR and the group rebalances, as when
+    Kafka's storeGroup meets a storage error; nothing is written, the broker stays up."""
+    b = InProcessBroker(tmp_path / "d", group_initial_rebalance_delay_ms=0)
+    try:
+        dir_state = b.broker.logs.dir_state
+        offsets = _offsets_log(b)
+        first = _join(b)
+        assert (first.error_code, first.generation_id) == (0, 1)
+        assert _sync(b, first, b"a1").error_code == 0
+        end = offsets.log_end_offset
+        groups = b.broker.coordination.groups.groups
+
+        dir_state.min_free_bytes = 1 << 62  # full: no JoinGroup is let in, new member or known
+        assert _join(b).error_code == NOT_COORDINATOR
+        assert _join(b, first.member_id).error_code == NOT_COORDINATOR
+        assert (groups["g"].state.name, groups["g"].generation_id, list(groups["g"].members)) == \
+            ("STABLE", 1, [first.member_id])
+        assert offsets.log_end_offset == end
+
+        dir_state.min_free_bytes = 0  # a rebalance starts with room ...
+        second = _join(b, first.member_id)
+        assert (second.error_code, second.generation_id) == (0, 2)
+        dir_state.min_free_bytes = 1 << 62  # ... and the disk fills before the leader's SyncGroup
+        assert _sync(b, second, b"a2" * 1000).error_code == NOT_COORDINATOR
+        assert groups["g"].state.name == "PREPARING_REBALANCE"
+        assert offsets.log_end_offset == end
+        assert b.broker.storage_failure is None and dir_state.offline_reason is None
+
+        dir_state.min_free_bytes = 0
+        third = _join(b, first.member_id)
+        assert (third.error_code, third.generation_id) == (0, 3)
+        synced = _sync(b, third, b"a3")
+        assert (synced.error_code, synced.assignment) == (0, b"a3")
+        assert offsets.log_end_offset == end + 1
+        b.restart()
+        g = b.broker.coordination.groups.groups["g"]
+        assert (g.state.name, g.generation_id) == ("STABLE", 3)
+        assert g.members[first.member_id].assignment == b"a3"
+    finally:
+        b.close()

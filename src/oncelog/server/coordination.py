@@ -90,7 +90,7 @@ class Coordination:
             group_max_session_timeout_ms=cfg.group_max_session_timeout_ms,
             group_initial_rebalance_delay_ms=cfg.group_initial_rebalance_delay_ms,
             offsets_retention_ms=cfg.offsets_retention_minutes * 60_000,
-            group_max_record_bytes=cfg.message_max_bytes)
+            group_max_record_bytes=cfg.message_max_bytes, store_refused=self._group_store_refused)
         self._checkpoint_bytes: dict[str, int] = {}  # per internal partition: size of its last checkpoint
         self._steps: set[asyncio.Task[None]] = set()  # steps in flight (start_step: the timeout scan's and clients')
 
@@ -252,10 +252,36 @@ class Coordination:
         return answer(result) if step is None else self._answer_after(step, result, answer)
 
     def _txn_log_refused(self, records: list[tuple[bytes, bytes | None]]) -> DiskFullError | None:
-        txn_log = self._txn_log()
         size = rb.HEADER_SIZE + sum(20 + len(k) + len(v or b"") for k, v in records)
-        refused = txn_log.dir_state.client_write_refused(txn_log.directory, size)
-        return None if refused is None else DiskFullError(f"{txn_log.name}: {refused}")
+        return self._write_refused(self._txn_log(), size)
+
+    @staticmethod
+    def _write_refused(plog: Any, size: int) -> DiskFullError | None:
+        """Why ``size`` bytes a client's request adds to ``plog`` may not be written now (None: they
+        may): they would eat into ``log_dir_min_free_bytes``."""
+        refused = plog.dir_state.client_write_refused(plog.directory, size)
+        return None if refused is None else DiskFullError(f"{plog.name}: {refused}")
+
+    def group_store_refused(self, group_id: str, size: int) -> DiskFullError | None:
+        """Why a group record of ``size`` bytes a client's request would add (a JoinGroup's, a
+        leader's SyncGroup's) may not be stored now in the group's offsets partition (None: it may).
+
+        Membership records are written after the state change they image, so they are refused
+        before it: a leader's SyncGroup (the group's Stable record, up to ``message.max.bytes``) by
+        the group coordinator through ``store_refused``, and a JoinGroup by its handler, because
+        every record a group writes later without asking (becoming Empty, a static member
+        replaced) follows a JoinGroup let in. A client creating groups in a loop would otherwise
+        fill the disk and stop the broker."""
+        topic, partition = self.offsets_partition_for(group_id)
+        plog = self.broker.logs.get_partition(topic, partition)
+        assert plog is not None
+        return self._write_refused(plog, rb.HEADER_SIZE + 20 + size)
+
+    def _group_store_refused(self, group_id: str, size: int) -> bool:
+        refused = self.group_store_refused(group_id, size)
+        if refused is not None:
+            storage_refused(refused)
+        return refused is not None
 
     @staticmethod
     async def _answer_after(step: asyncio.Task[None], result: TxnResult, answer: Callable[[TxnResult], T]) -> T:

@@ -81,11 +81,17 @@ class GroupMetadataManager:
     def __init__(self, clock: Clock, *, group_min_session_timeout_ms: int = 6000,
                  group_max_session_timeout_ms: int = 1_800_000,
                  group_initial_rebalance_delay_ms: int = 3000,
-                 group_max_record_bytes: int = DEFAULT_GROUP_MAX_RECORD_BYTES) -> None:
+                 group_max_record_bytes: int = DEFAULT_GROUP_MAX_RECORD_BYTES,
+                 store_refused: Callable[[str, int], bool] = lambda group_id, size: False) -> None:
         """``group_max_record_bytes``: the most a group's record may take with its assignment (the
-        offsets topic's ``max.message.bytes`` in Kafka); a leader's SyncGroup past it is refused."""
+        offsets topic's ``max.message.bytes`` in Kafka); a leader's SyncGroup past it is refused.
+
+        ``store_refused(group_id, size)``: whether a record of ``size`` bytes for the group may not be
+        stored now (the server's: it would eat into ``log_dir_min_free_bytes``); a leader's SyncGroup
+        whose record it refuses is answered NOT_COORDINATOR, as Kafka answers a storage error."""
         self.clock = clock
         self.max_record_bytes = group_max_record_bytes
+        self.store_refused = store_refused
         self.min_session_ms = group_min_session_timeout_ms
         self.max_session_ms = group_max_session_timeout_ms
         self.initial_rebalance_delay_ms = group_initial_rebalance_delay_ms
@@ -351,10 +357,14 @@ class GroupMetadataManager:
         m.awaiting_sync = respond
         if member_id == g.leader_id:
             given = dict(assignments)
+            # Kafka's storeGroup fails: every member waiting in SyncGroup gets the error and the group
+            # rebalances; nothing is stored. RECORD_LIST_TOO_LARGE gives UNKNOWN_SERVER_ERROR, a
+            # storage error (here: the record would eat into the disk space kept) NOT_COORDINATOR.
             if stored_group_bytes(g, given) > self.max_record_bytes:
-                # Kafka's storeGroup fails (RECORD_LIST_TOO_LARGE): every member waiting in SyncGroup
-                # gets UNKNOWN_SERVER_ERROR and the group rebalances; nothing is stored.
                 return self._prepare_rebalance(g, now, sync_error=ErrorCode.unknown_server_error)
+            size = len(rec.group_key(g.group_id)) + len(rec.group_value(g, given))
+            if self.store_refused(g.group_id, size):
+                return self._prepare_rebalance(g, now, sync_error=ErrorCode.not_coordinator)
             for x in g.members.values():
                 x.assignment = given.get(x.member_id, b"")
             g.transition_to(G.STABLE, now)

@@ -66,15 +66,19 @@ def decode(key: bytes, value: bytes | None) -> tuple[str, Any, Any]:
     raise ValueError(f"unknown __consumer_offsets key type {kind!r}")
 
 
-def group_value(g: GroupMetadata) -> bytes:
-    """The group-metadata record value of ``g`` (its durable image; in-flight rebalances are not in it)."""
+def group_value(g: GroupMetadata, assignments: dict[str, bytes] | None = None) -> bytes:
+    """The group-metadata record value of ``g`` (its durable image; in-flight rebalances are not in it);
+    with ``assignments`` (member id to assignment), the value ``g`` would have with them instead of
+    its members' own."""
     value = {"v": 1, "protocol_type": g.protocol_type, "generation": g.generation_id,
              "protocol": g.protocol_name, "leader": g.leader_id, "state_ts": g.state_timestamp_ms,
              "members": [{"member_id": m.member_id, "instance_id": m.group_instance_id, "client_id": m.client_id,
                           "client_host": m.client_host, "session_timeout_ms": m.session_timeout_ms,
                           "rebalance_timeout_ms": m.rebalance_timeout_ms, "protocol_type": m.protocol_type,
                           "protocols": [[n, b64(d)] for n, d in m.protocols],
-                          "assignment": b64(m.assignment)} for m in g.members.values()]}
+                          "assignment": b64(m.assignment if assignments is None
+                                            else assignments.get(m.member_id, b""))}
+                         for m in g.members.values()]}
     return json.dumps(value, separators=(",", ":")).encode()
 
 

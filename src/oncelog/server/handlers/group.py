@@ -39,6 +39,15 @@ async def handle_join_group(broker: Broker, req: Request) -> dict[str, Any]:
     c = broker.coordination
     if not allowed(broker, req, Op.READ, R.GROUP, b.group_id):
         return _join_body(JoinResult(ErrorCode.group_authorization_failed, member_id=b.member_id))
+    host = f"/{req.session.host}" if req.session is not None else "/127.0.0.1"
+    # What the member would add to the group's record: ids, client id, host, every protocol's
+    # metadata (base64 in our record). Past the disk space kept, no JoinGroup is let in: Kafka
+    # answers a storage error of the offsets partition NOT_COORDINATOR (Coordination.group_store_refused).
+    size = (256 + 2 * len(b.group_id) + 2 * len(req.client_id or "") + len(host)
+            + sum(16 + len(p.name) + len(p.metadata) * 4 // 3 for p in b.protocols))
+    if (refused := c.group_store_refused(b.group_id, size)) is not None:
+        storage_refused(refused)
+        return _join_body(JoinResult(ErrorCode.not_coordinator, member_id=b.member_id))
     fut: asyncio.Future[JoinResult] = asyncio.get_running_loop().create_future()
 
     def respond(result: JoinResult) -> None:
@@ -47,7 +56,6 @@ async def handle_join_group(broker: Broker, req: Request) -> dict[str, Any]:
 
     session = td_ms(b.session_timeout)
     rebalance = td_ms(getattr(b, "rebalance_timeout", b.session_timeout))
-    host = f"/{req.session.host}" if req.session is not None else "/127.0.0.1"
     c.groups.join_group(b.group_id, b.member_id, getattr(b, "group_instance_id", None), req.client_id or "",
                         host, session, rebalance, b.protocol_type,
                         [(p.name, p.metadata) for p in b.protocols], req.api_version >= 4, respond)
