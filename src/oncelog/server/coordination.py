@@ -61,6 +61,10 @@ def _collect(task: asyncio.Future[None]) -> None:
         task.exception()
 
 
+#: Live records per batch of a checkpoint (``Coordination.checkpoint_internal_logs``).
+CHECKPOINT_BATCH_RECORDS = 500
+
+
 def _loop_running() -> bool:
     try:
         asyncio.get_running_loop()
@@ -537,6 +541,14 @@ class Coordination:
         an open transaction's records (pending offsets) are never cut, and while one pins more than
         half of the log the partition is left alone (nothing could be dropped). Runs without awaiting, so no
         request interleaves with the rewrite. Returns how many partitions were checkpointed.
+
+        A checkpoint writes as much as the live state, so it keeps ``log_dir_min_free_bytes`` as a
+        client's write does: one that would eat into it is put off (the log is left as it is, and
+        tried again at the next call), and one the disk cuts short is refused, its written part
+        only re-asserting live values (replay gives the same state), instead of taking the log
+        directory offline. Before, a client's live offsets larger than the space kept made every
+        checkpoint fail once the disk reached the bound: the broker stopped, and again after each
+        restart.
         """
         # A pending step's records may be in the log but not yet replayed: a snapshot taken now
         # would put the older state after them, so the transaction log waits for the next call.
@@ -556,12 +568,22 @@ class Coordination:
                 continue  # an open transaction pins most of the log: a checkpoint would only add bytes
             now = self.broker.clock.now_ms()
             before = plog.size_in_bytes
+            records = snapshot()
+            size = (sum(20 + len(k) + len(v or b"") for k, v in records)
+                    + rb.HEADER_SIZE * (len(records) // CHECKPOINT_BATCH_RECORDS + 1))
+            if (refused := self._write_refused(plog, size)) is not None:
+                storage_refused(DiskFullError(f"checkpoint put off: {refused}"))
+                continue
             if plog.active.size > 0:
                 plog.roll(now)
             start = plog.log_end_offset
-            records = snapshot()
-            for i in range(0, len(records), 500):
-                plog.append(encode_batch(records[i:i + 500], now), origin=AppendOrigin.COORDINATOR)
+            try:
+                for i in range(0, len(records), CHECKPOINT_BATCH_RECORDS):
+                    plog.append(encode_batch(records[i:i + CHECKPOINT_BATCH_RECORDS], now),
+                                origin=AppendOrigin.COORDINATOR, bounded=True)
+            except DiskFullError as exc:  # the disk filled since the check: a part re-asserts live values
+                storage_refused(DiskFullError(f"checkpoint put off: {exc}"))
+                continue
             plog.flush()
             cut = min(start, plog.last_stable_offset)
             plog.delete_records(cut)
