@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import threading
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from oncelog.clock import ManualClock
 from oncelog.protocol import compression
 from oncelog.protocol import records as rb
-from oncelog.storage import record_codec
+from oncelog.storage import fileio, record_codec
 from oncelog.storage.config import (
     BrokerLayers,
     LogConfig,
@@ -360,3 +361,37 @@ def test_an_aborted_job_never_touches_files_of_a_later_cleaning_in_the_same_dire
     assert plog.name not in c.uncleanable  # an aborted job does not make the log uncleanable
     assert first.segments and c.complete(later, later_result)  # and the later cleaning swaps in whole
     assert_compacted(before, view(plog))
+
+
+def test_a_cleaning_that_would_eat_into_the_free_space_kept_is_put_off_not_given_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cleaning writes a copy as large as its input at worst. Before, on a compacted topic of
+    unique keys filled to ``log_dir_min_free_bytes`` (by hand: 20 MiB tmpfs, 4 MiB bound), the
+    cleaner took the rest of the disk, failed with ENOSPC, and the log stayed uncleanable until a
+    restart. Now it is not chosen while its copy would not fit, a cleaning the disk refuses anyway
+    is dropped without marking the log, and it is cleaned once there is room."""
+    plog = compact_log(tmp_path)
+    fill(plog, 20)
+    before = view(plog)
+    c = cleaner()
+    plog.dir_state.min_free_bytes = 1 << 62
+    assert c.clean_now([plog], plog.clock.now_ms()) == 0
+    assert not c.in_progress and plog.name not in c.uncleanable
+
+    plog.dir_state.min_free_bytes = 0
+
+    def full(fd: int, data: object, position: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fileio.fs, "pwrite", full)
+    with pytest.raises(OSError):
+        c.clean_now([plog], plog.clock.now_ms())
+    monkeypatch.undo()
+    assert plog.name not in c.uncleanable and not c.in_progress
+    assert not [p for p in tmp_path.rglob("*") if "cleaned" in p.name]
+    assert view(plog) == before
+
+    assert c.clean_now([plog], plog.clock.now_ms()) == 1
+    after = view(plog)
+    assert {r[1]: r for r in after} == {r[1]: r for r in before}  # the newest record per key, at its offset
+    assert len(after) < len(before)

@@ -41,6 +41,7 @@ A cleaning (Kafka's ``Cleaner.doClean``):
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
 import os
 import struct
@@ -523,9 +524,20 @@ class LogCleanerManager:
     """Which logs to clean, the jobs in flight, the cleaner checkpoints (Kafka's LogCleanerManager).
 
     Loop thread only. A log is cleaned by at most one job at a time; a log whose cleaning failed
-    for a reason other than an abort is left alone until the broker restarts (Kafka marks it
-    uncleanable), with the reason logged.
+    for a reason other than an abort or a full disk is left alone until the broker restarts (Kafka
+    marks it uncleanable), with the reason logged.
+
+    A cleaning writes a copy of what it cleans, as large as its input at worst, so it keeps
+    ``log_dir_min_free_bytes`` as a client's append does: a log whose cleaning would eat into it is
+    put off (not chosen, tried again at the next pass), and a cleaning the disk refuses anyway
+    (ENOSPC, EDQUOT) is dropped and tried again later, not marked uncleanable. Before, a client
+    filling a compacted topic of unique keys to the bound made the cleaner take the rest of the
+    disk, then left the log uncleanable until a restart; any broker write at that moment (the
+    recovery-point checkpoint, a marker) would have stopped the broker.
     """
+
+    #: Seconds between two warnings that cleaning is put off for want of room.
+    PUT_OFF_WARNING_S = 60.0
 
     def __init__(self, config: CleanerConfig) -> None:
         self.config = config
@@ -533,6 +545,13 @@ class LogCleanerManager:
         self.uncleanable: dict[str, str] = {}
         self._checkpoints: dict[PartitionLog, int] = {}
         self.cleanings = 0
+        self._put_off_warned = -self.PUT_OFF_WARNING_S
+
+    def _put_off(self, name: str, why: str) -> None:
+        now = time.monotonic()
+        if now - self._put_off_warned >= self.PUT_OFF_WARNING_S:
+            self._put_off_warned = now
+            log.warning("%s: cleaning put off: %s", name, why)
 
     # --- checkpoints ---------------------------------------------------------------------------
     def checkpoint(self, plog: PartitionLog) -> int | None:
@@ -588,8 +607,13 @@ class LogCleanerManager:
             ltc = self.log_to_clean(plog, now_ms)
             if ltc.dirty_bytes <= 0 or not (ltc.forced or ltc.cleanable_ratio > plog.config.min_cleanable_dirty_ratio):
                 continue
-            if best is None or ltc.cleanable_ratio > best.cleanable_ratio:
-                best = ltc
+            if best is not None and ltc.cleanable_ratio <= best.cleanable_ratio:
+                continue
+            copy_bytes = sum(seg.size for seg in ltc.segments)  # the most a cleaning writes
+            if (refused := plog.dir_state.client_write_refused(plog.directory, copy_bytes)) is not None:
+                self._put_off(plog.name, refused)
+                continue
+            best = ltc
         if best is None:
             return None
         return self._job(best, now_ms)
@@ -653,6 +677,9 @@ class LogCleanerManager:
         for p in job.created:
             fileio.fs.unlink(p)
         if isinstance(exc, CleaningAbortedError | FileNotFoundError):
+            return
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            self._put_off(job.name, f"the disk is full ({exc})")
             return
         self.uncleanable[job.name] = f"{type(exc).__name__}: {exc}"
         log.error("%s: cleaning failed; the log is not cleaned again until the broker restarts: %s",
