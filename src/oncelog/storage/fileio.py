@@ -70,14 +70,20 @@ class FileSystem:
 
         With ``durable_name`` the rename itself is made durable (fsync of the directory): after it
         returns, the new content survives. Without it, a crash may leave the old content; callers
-        use that only where either version is valid (a newer checkpoint that may be lost)."""
+        use that only where either version is valid (a newer checkpoint that may be lost). A
+        failed write leaves the old content and removes the temporary file."""
         tmp = path.with_name(path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             self._write_all(fd, data)
             self.fsync(fd)
-        finally:
+        except BaseException:
+            # The old file stays; the part of the new one must not keep the room it took (a full
+            # disk stays full otherwise, and the broker's next write of its own fails).
             os.close(fd)
+            self.unlink(tmp)
+            raise
+        os.close(fd)
         self.replace(tmp, path)
         if durable_name:
             self.fsync_dir(path.parent)

@@ -11,6 +11,7 @@ Only the broker's event loop thread calls the log manager.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
@@ -31,6 +32,7 @@ from oncelog.storage.config import (
     parse_topic_configs,
 )
 from oncelog.storage.errors import (
+    DiskFullError,
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidTopicError,
@@ -45,6 +47,8 @@ log = logging.getLogger("oncelog.storage")
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME = 249
 MAX_PARTITIONS = 10_000
+#: What a new partition's first files take on disk, at most, for :meth:`LogManager.check_room`.
+PARTITION_FILES_BYTES = 4096
 
 
 @dataclass
@@ -84,6 +88,7 @@ class LogManager:
         self.broker_configs = self._load_broker_configs()
         self._defaults = self.broker_configs.effective_defaults()
         self.leader_epoch = 0
+        self._meta_bytes = 0  # topics.json's size at the last load or save (``check_room``)
         self._load()
         self._take_leadership()
 
@@ -93,7 +98,9 @@ class LogManager:
 
     def _load(self) -> None:
         try:
-            doc = json.loads(self._meta_path().read_text())
+            raw = self._meta_path().read_bytes()
+            doc = json.loads(raw)
+            self._meta_bytes = len(raw)
         except FileNotFoundError:
             doc = {"topics": []}
         for t in doc["topics"]:
@@ -132,9 +139,30 @@ class LogManager:
             plog.become_leader(self.leader_epoch)
 
     def _save(self) -> None:
+        """Write topics.json (``write_atomic``: the old file or the new one survives). A disk too
+        full for it raises DiskFullError with the old file intact, and the caller undoes the change
+        it made in memory: what a restart would load and what is served stay the same."""
         doc = {"topics": [{"name": t.name, "topic_id": str(t.topic_id), "num_partitions": t.num_partitions,
                            "configs": t.configs, "internal": t.is_internal} for t in self._topics.values()]}
-        fileio.fs.write_atomic(self._meta_path(), json.dumps(doc, indent=1).encode())
+        data = json.dumps(doc, indent=1).encode()
+        try:
+            fileio.fs.write_atomic(self._meta_path(), data)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(f"could not write {self._meta_path()}: {exc}") from exc
+            raise
+        self._meta_bytes = len(data)
+
+    def check_room(self, more_bytes: int) -> None:
+        """DiskFullError if a change that makes topics.json ``more_bytes`` longer (or new files of
+        that size) would eat into ``log_dir_min_free_bytes``: topics.json is written whole beside
+        its old copy. Asked by every creation of a topic or of partitions (:meth:`validate_new_topic`,
+        :meth:`validate_new_partitions`), except the internal topics'; a client creating topics in
+        a loop would otherwise fill the disk, and the broker's next write of its own would stop
+        it. Deletions are not asked: they give room back."""
+        refused = self.dir_state.client_write_refused(self.meta_dir, self._meta_bytes + more_bytes)
+        if refused is not None:
+            raise DiskFullError(refused)
 
     def _checkpoint_path(self) -> Path:
         return self.data_dir / recovery_checkpoint.FILE_NAME
@@ -183,6 +211,8 @@ class LogManager:
         cfg = self._validated_config(configs)
         if not internal:
             self.check_descriptors(num_partitions)
+            self.check_room(256 + 2 * len(name) + sum(8 + len(k) + len(v or "") for k, v in configs.items())
+                            + PARTITION_FILES_BYTES * num_partitions)
         return cfg
 
     def check_descriptors(self, new_partitions: int) -> None:
@@ -275,12 +305,26 @@ class LogManager:
         for plog in parts:
             self._partitions[(name, plog.partition)] = plog
         self._topics[name] = info
-        self._save()
+        try:
+            self._save()
+        except BaseException:
+            del self._topics[name]
+            for plog in parts:
+                del self._partitions[(name, plog.partition)]
+                try:
+                    plog.delete()
+                except OSError:
+                    log.warning("could not remove %s after a failed creation", plog.directory, exc_info=True)
+            raise
         return info
 
     def delete_topic(self, name: str) -> None:
         info = self._topics.pop(name)
-        self._save()
+        try:
+            self._save()
+        except BaseException:
+            self._topics[name] = info
+            raise
         for p in range(info.num_partitions):
             plog = self._partitions.pop((name, p), None)
             if plog is not None:
@@ -294,14 +338,26 @@ class LogManager:
         if new_total <= info.num_partitions or new_total > MAX_PARTITIONS:
             raise InvalidPartitionsError(f"new partition count {new_total} must exceed {info.num_partitions}")
         self.check_descriptors(new_total - info.num_partitions)
+        self.check_room(PARTITION_FILES_BYTES * (new_total - info.num_partitions))
 
     def create_partitions(self, name: str, new_total: int) -> None:
         self.validate_new_partitions(name, new_total)
         info = self._topics[name]
-        for plog in self._build(name, range(info.num_partitions, new_total), self.config_for(info)):
+        built = self._build(name, range(info.num_partitions, new_total), self.config_for(info))
+        for plog in built:
             self._partitions[(name, plog.partition)] = plog
-        info.num_partitions = new_total
-        self._save()
+        before, info.num_partitions = info.num_partitions, new_total
+        try:
+            self._save()
+        except BaseException:
+            info.num_partitions = before
+            for plog in built:
+                del self._partitions[(name, plog.partition)]
+                try:
+                    plog.delete()
+                except OSError:
+                    log.warning("could not remove %s after a failed creation", plog.directory, exc_info=True)
+            raise
 
     def get_partition(self, topic: str, partition: int) -> PartitionLog | None:
         return self._partitions.get((topic, partition))
@@ -348,8 +404,12 @@ class LogManager:
         cfg = self._validated_config(dict(configs))
         if validate_only:
             return
-        info.configs = dict(configs)
-        self._save()
+        before, info.configs = info.configs, dict(configs)
+        try:
+            self._save()
+        except BaseException:
+            info.configs = before
+            raise
         for p in range(info.num_partitions):
             self._partitions[(name, p)].set_config(cfg)
 

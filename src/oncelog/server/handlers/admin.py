@@ -42,7 +42,7 @@ def _storage_error(exc: Exception) -> ErrorCode:
         return ErrorCode.invalid_partitions
     if isinstance(exc, storage_errors.InvalidConfigError):
         return ErrorCode.invalid_config
-    if isinstance(exc, storage_errors.PartitionsNotBuiltError):
+    if isinstance(exc, storage_errors.PartitionsNotBuiltError | storage_errors.DiskFullError):
         return ErrorCode.kafka_storage_error
     return ErrorCode.unknown_server_error
 
@@ -141,7 +141,12 @@ def handle_delete_topics(broker: Broker, req: Request) -> dict[str, Any]:
                          error_message="internal topics cannot be deleted")
         else:
             entry["topic_id"] = info.topic_id
-            broker.logs.delete_topic(name)
+            try:
+                broker.logs.delete_topic(name)
+            except storage_errors.DiskFullError as exc:  # topics.json not rewritten: the topic stays
+                entry.update(error_code=ErrorCode.kafka_storage_error, error_message=str(exc))
+                out.append(entry)
+                continue
             for p in range(info.num_partitions):
                 broker.notify_append((name, p))
             log.info("deleted topic %s", name)

@@ -34,7 +34,7 @@ from oncelog.storage.config import (
     Synonym,
     broker_spec,
 )
-from oncelog.storage.errors import InvalidConfigError
+from oncelog.storage.errors import DiskFullError, InvalidConfigError
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
@@ -246,6 +246,8 @@ def _alter_one(broker: Broker, req: Request, resource_type: int, name: str, incr
             broker.logs.alter_topic_configs(name, new, validate_only=validate_only)
         except InvalidConfigError as exc:
             raise ConfigRequestError(ErrorCode.invalid_config, str(exc)) from None
+        except DiskFullError as exc:  # topics.json not rewritten: the overrides stay as they were
+            raise ConfigRequestError(ErrorCode.kafka_storage_error, str(exc)) from None
         if not validate_only:
             log.info("topic %s: config overrides now %s", name, new)
         return
