@@ -94,7 +94,8 @@ class Coordination:
             group_max_session_timeout_ms=cfg.group_max_session_timeout_ms,
             group_initial_rebalance_delay_ms=cfg.group_initial_rebalance_delay_ms,
             offsets_retention_ms=cfg.offsets_retention_minutes * 60_000,
-            group_max_record_bytes=cfg.message_max_bytes, store_refused=self._group_store_refused)
+            group_max_record_bytes=cfg.message_max_bytes,
+            store_refused=lambda group_id, size: self.group_store_refused(group_id, size) is not None)
         self._checkpoint_bytes: dict[str, int] = {}  # per internal partition: size of its last checkpoint
         self._steps: set[asyncio.Task[None]] = set()  # steps in flight (start_step: the timeout scan's and clients')
 
@@ -275,17 +276,14 @@ class Coordination:
         the group coordinator through ``store_refused``, and a JoinGroup by its handler, because
         every record a group writes later without asking (becoming Empty, a static member
         replaced) follows a JoinGroup let in. A client creating groups in a loop would otherwise
-        fill the disk and stop the broker."""
+        fill the disk and stop the broker. A refusal is logged (once a minute: ``storage_refused``)."""
         topic, partition = self.offsets_partition_for(group_id)
         plog = self.broker.logs.get_partition(topic, partition)
         assert plog is not None
-        return self._write_refused(plog, rb.HEADER_SIZE + 20 + size)
-
-    def _group_store_refused(self, group_id: str, size: int) -> bool:
-        refused = self.group_store_refused(group_id, size)
+        refused = self._write_refused(plog, rb.HEADER_SIZE + 20 + size)
         if refused is not None:
             storage_refused(refused)
-        return refused is not None
+        return refused
 
     @staticmethod
     async def _answer_after(step: asyncio.Task[None], result: TxnResult, answer: Callable[[TxnResult], T]) -> T:

@@ -45,8 +45,7 @@ async def handle_join_group(broker: Broker, req: Request) -> dict[str, Any]:
     # answers a storage error of the offsets partition NOT_COORDINATOR (Coordination.group_store_refused).
     size = (256 + 2 * len(b.group_id) + 2 * len(req.client_id or "") + len(host)
             + sum(16 + len(p.name) + len(p.metadata) * 4 // 3 for p in b.protocols))
-    if (refused := c.group_store_refused(b.group_id, size)) is not None:
-        storage_refused(refused)
+    if c.group_store_refused(b.group_id, size) is not None:
         return _join_body(JoinResult(ErrorCode.not_coordinator, member_id=b.member_id))
     fut: asyncio.Future[JoinResult] = asyncio.get_running_loop().create_future()
 
