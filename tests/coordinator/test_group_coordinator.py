@@ -255,3 +255,38 @@ def test_an_assignment_too_large_to_store_is_refused_and_the_group_rebalances() 
     l3 = sync(gc, a_id, gen3, [(a_id, b"p" * 1000), (b_id, b"q" * 1000)])
     assert (l3.value.error, f3.value.error) == (ErrorCode.none, ErrorCode.none)
     assert f3.value.assignment == b"q" * 1000 and g.state is GroupState.STABLE
+
+
+def test_a_group_record_the_store_refuses_is_not_kept_and_the_group_rebalances() -> None:
+    """``store_refused`` (the server's: the record would eat into log_dir_min_free_bytes) is asked
+    with the exact size of the Stable record the leader's SyncGroup would write; when it refuses,
+    every member waiting in SyncGroup gets NOT_COORDINATOR (Kafka's answer to a storage error),
+    no record is produced and the group rebalances; once it accepts, the same sync goes through."""
+    asked: list[tuple[str, int]] = []
+    full = [True]
+
+    def refused(group_id: str, size: int) -> bool:
+        asked.append((group_id, size))
+        return full[0]
+
+    gc = GroupCoordinator(ManualClock(), group_initial_rebalance_delay_ms=0, store_refused=refused)
+    a = join(gc)
+    b = join(gc)
+    a2 = join(gc, a.value.member_id)
+    a_id, b_id, gen = a.value.member_id, b.value.member_id, b.value.generation_id
+    assert a2.value.leader == a_id
+    gc.take_records()
+    follower = sync(gc, b_id, gen)
+    leader = sync(gc, a_id, gen, [(a_id, b"p" * 700), (b_id, b"q" * 700)])
+    assert leader.value.error == follower.value.error == ErrorCode.not_coordinator
+    assert gc.groups["g"].state is GroupState.PREPARING_REBALANCE and gc.take_records() == []
+    assert asked and asked[-1][0] == "g" and asked[-1][1] > 2 * 700 * 4 // 3  # both assignments, base64
+
+    full[0] = False
+    b3, a3 = join(gc, b_id), join(gc, a_id)
+    gen3 = a3.value.generation_id
+    f3 = sync(gc, b_id, gen3)
+    l3 = sync(gc, a_id, gen3, [(a_id, b"p" * 700), (b_id, b"q" * 700)])
+    assert (l3.value.error, f3.value.error, b3.value.error) == (ErrorCode.none,) * 3
+    records = gc.take_records()
+    assert len(records) == 1 and len(records[0][0]) + len(records[0][1] or b"") <= asked[-1][1] + 64

@@ -116,8 +116,8 @@ def _fill(b: InProcessBroker, topic: str = "t", sizes: tuple[int, ...] = (64 << 
 
 
 def _commit(b: InProcessBroker, group: str, offset: int, metadata: str = "m" * 4000) -> int:
-    r = b.call(8, 8, {"group_id": group, "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
-                      "retention_time_ms": -1, "topics": [{"name": "t", "partitions": [
+    r = b.call(8, 8, {"group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
+                      "group_instance_id": None, "retention_time_ms": -1, "topics": [{"name": "t", "partitions": [
                           {"partition_index": 0, "committed_offset": offset, "committed_leader_epoch": -1,
                            "committed_metadata": metadata}]}]})
     return int(r.topics[0].partitions[0].error_code)
