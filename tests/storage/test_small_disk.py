@@ -186,6 +186,22 @@ def _transactions(b: InProcessBroker) -> None:
     assert b.end_txn("tx", pid, epoch, commit=True) == 0  # what was begun finishes
 
 
+def _idempotent_producers(b: InProcessBroker) -> None:
+    """A new producer id for every record (each an entry in the partition's producer state, which
+    its snapshots write whole) until refused; then a roll writes the snapshot."""
+    def one(_i: int) -> int:
+        err, pid, epoch = b.init_producer_id(None)
+        assert err == 0
+        record = rb.encode_record(0, 0, b"k", os.urandom(2_000))
+        return b.produce("t", 0, rb.build_batch([record], base_timestamp=1, max_timestamp=1, producer_id=pid,
+                                                producer_epoch=epoch, base_sequence=0))
+
+    _until_refused(one, STORAGE_ERROR)
+    plog = b.broker.logs.get_partition("t", 0)
+    plog.roll()
+    plog.flush()
+
+
 def _checkpoint(b: InProcessBroker) -> None:
     """Live offsets larger than the space kept, then the disk to the bound, then a checkpoint."""
     for i in range(200):
@@ -223,7 +239,8 @@ def _topics(b: InProcessBroker) -> None:
 
 
 ADVERSARIES = {"produce": lambda b: _fill(b), "topics": _topics, "offset commits": _offset_commits,
-               "transactional ids": _transactional_ids, "groups": _groups, "transactions": _transactions,
+               "transactional ids": _transactional_ids, "idempotent producers": _idempotent_producers,
+               "groups": _groups, "transactions": _transactions,
                "checkpoint": _checkpoint, "cleaner": _cleaner}
 
 
