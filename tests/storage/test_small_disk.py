@@ -275,7 +275,8 @@ def test_the_small_disk_cuts_writes_short_as_a_real_one(tmp_path: Path, disk: Sm
 def test_a_topic_whose_metadata_the_disk_refuses_is_not_created_at_all(tmp_path: Path, disk: SmallDisk) -> None:
     """With the bound off, the disk itself refuses topics.json: the creation is answered
     KAFKA_STORAGE_ERROR and undone (not served, no directory, no temporary file left taking room),
-    and a restart does not bring it back. Before, the topic stayed registered in memory, unsaved."""
+    and a restart does not bring it back; so are new partitions, config overrides and a deletion.
+    Before, the topic stayed registered in memory, unsaved."""
     b = InProcessBroker(tmp_path / "d", log_dir_min_free_bytes=0)
     try:
         b.create_topic("t", 1)
@@ -286,6 +287,16 @@ def test_a_topic_whose_metadata_the_disk_refuses_is_not_created_at_all(tmp_path:
             pass
         assert _create_topic(b, "x" * 240, 5) == STORAGE_ERROR
         assert "x" * 240 not in b.broker.logs.topics()
+        r = b.call(37, 3, {"topics": [{"name": "first", "count": 8, "assignments": None}], "timeout_ms": 5000,
+                           "validate_only": False})
+        assert r.results[0].error_code == STORAGE_ERROR
+        assert b.broker.logs.topics()["first"].num_partitions == 3 and b.broker.logs.get_partition("first", 3) is None
+        assert not (tmp_path / "d" / "first-3").exists()
+        r = b.call(44, 1, {"resources": [{"resource_type": 2, "resource_name": "first", "configs": [
+            {"name": "retention.ms", "config_operation": 0, "value": "1000"}]}], "validate_only": False})
+        assert r.responses[0].error_code == STORAGE_ERROR and b.broker.logs.topics()["first"].configs == {}
+        r = b.call(20, 4, {"topic_names": ["first"], "timeout_ms": 30000})  # no room even to say it is gone
+        assert r.responses[0].error_code == STORAGE_ERROR and "first" in b.broker.logs.topics()
         assert not any(p.name.startswith("xxxx") or p.name.endswith(".tmp") for p in (tmp_path / "d").rglob("*"))
         assert b.broker.storage_failure is None
         b.restart()

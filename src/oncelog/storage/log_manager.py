@@ -309,14 +309,20 @@ class LogManager:
             self._save()
         except BaseException:
             del self._topics[name]
-            for plog in parts:
-                del self._partitions[(name, plog.partition)]
-                try:
-                    plog.delete()
-                except OSError:
-                    log.warning("could not remove %s after a failed creation", plog.directory, exc_info=True)
+            self._forget(name, parts)
             raise
         return info
+
+    def _forget(self, name: str, parts: list[PartitionLog]) -> None:
+        """Partitions of ``name`` made, but whose creation failed after: no longer served, their
+        files removed (a failure to remove them is logged; a restart removes a directory that
+        topics.json does not name)."""
+        for plog in parts:
+            self._partitions.pop((name, plog.partition), None)
+            try:
+                plog.delete()
+            except OSError:
+                log.warning("could not remove %s after a failed creation", plog.directory, exc_info=True)
 
     def delete_topic(self, name: str) -> None:
         info = self._topics.pop(name)
@@ -351,12 +357,7 @@ class LogManager:
             self._save()
         except BaseException:
             info.num_partitions = before
-            for plog in built:
-                del self._partitions[(name, plog.partition)]
-                try:
-                    plog.delete()
-                except OSError:
-                    log.warning("could not remove %s after a failed creation", plog.directory, exc_info=True)
+            self._forget(name, built)
             raise
 
     def get_partition(self, topic: str, partition: int) -> PartitionLog | None:
