@@ -151,3 +151,19 @@ def test_with_the_authorizer_users_need_alter_or_describe_on_the_cluster(tmp_pat
         assert "eve" in b.broker.security.credentials.users()
     finally:
         b.close()
+
+
+def test_new_credentials_past_the_free_space_kept_are_refused_and_deletions_still_go_through(
+        b: InProcessBroker) -> None:
+    """users.json is written whole at each change: past log_dir_min_free_bytes an upsertion gets
+    KAFKA_STORAGE_ERROR (a client adding users in a loop would fill the disk), while a deletion in
+    the same request, which gives room back, is carried out."""
+    assert alter(b, [upsert("alice"), upsert("bob")]) == {"alice": (0, None), "bob": (0, None)}
+    b.broker.logs.dir_state.min_free_bytes = 1 << 62
+    out = alter(b, [upsert("carol")], [{"name": "bob", "mechanism": 1}])
+    assert out["bob"] == (0, None)
+    code, message = out["carol"]
+    assert code == ErrorCode.kafka_storage_error and "log_dir_min_free_bytes" in (message or "")
+    assert [u.user for u in describe(b, None).results] == ["alice"]
+    b.broker.logs.dir_state.min_free_bytes = 0
+    assert alter(b, [upsert("carol")]) == {"carol": (0, None)}

@@ -238,10 +238,23 @@ def _topics(b: InProcessBroker) -> None:
     assert r.responses[0].error_code == 0
 
 
+def _scram_users(b: InProcessBroker) -> None:
+    """SCRAM users with long names (users.json is rewritten whole at each change) until refused."""
+    def one(i: int) -> int:
+        r = b.call(51, 0, {"deletions": [], "upsertions": [
+            {"name": f"{i:05d}-{j}-" + "u" * 2000, "mechanism": 1, "iterations": 4096, "salt": b"salt",
+             "salted_password": b"p" * 32} for j in range(20)]})
+        codes = {int(x.error_code) for x in r.results}
+        assert len(codes) == 1, codes
+        return codes.pop()
+
+    _until_refused(one, STORAGE_ERROR)
+
+
 ADVERSARIES = {"produce": lambda b: _fill(b), "topics": _topics, "offset commits": _offset_commits,
                "transactional ids": _transactional_ids, "idempotent producers": _idempotent_producers,
                "groups": _groups, "transactions": _transactions,
-               "checkpoint": _checkpoint, "cleaner": _cleaner}
+               "checkpoint": _checkpoint, "cleaner": _cleaner, "scram users": _scram_users}
 
 
 @pytest.mark.parametrize("adversary", list(ADVERSARIES))

@@ -160,7 +160,12 @@ class LogManager:
         :meth:`validate_new_partitions`), except the internal topics'; a client creating topics in
         a loop would otherwise fill the disk, and the broker's next write of its own would stop
         it. Deletions are not asked: they give room back."""
-        refused = self.dir_state.client_write_refused(self.meta_dir, self._meta_bytes + more_bytes)
+        self.check_meta_room(self._meta_bytes + more_bytes)
+
+    def check_meta_room(self, nbytes: int) -> None:
+        """DiskFullError if writing a file of ``nbytes`` in ``__meta`` (a client's change to a file
+        written whole: topics.json, users.json) would eat into ``log_dir_min_free_bytes``."""
+        refused = self.dir_state.client_write_refused(self.meta_dir, nbytes)
         if refused is not None:
             raise DiskFullError(refused)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol.errors import ErrorCode
@@ -26,6 +27,8 @@ from oncelog.security.acl import Operation, ResourceType
 from oncelog.security.credentials import validate_username
 from oncelog.security.scram import ScramCredential, ScramMechanism
 from oncelog.server import authz
+from oncelog.server.refusals import storage_refused
+from oncelog.storage.errors import DiskFullError
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
@@ -94,6 +97,18 @@ def _upsertion_error(u: Any) -> tuple[ErrorCode, str] | None:
     return None
 
 
+#: What one user's credential takes in users.json, at most, besides its name (JSON escapes a
+#: name's character in at most 6 bytes): mechanism, salt and keys in base64.
+CREDENTIAL_BYTES = 1024
+
+
+def _stored_bytes(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def handle_alter_user_scram_credentials(broker: Broker, req: Request) -> dict[str, Any]:
     body = req.body
     if not authorize_cluster_operation(broker, req, "ALTER"):
@@ -130,6 +145,17 @@ def handle_alter_user_scram_credentials(broker: Broker, req: Request) -> dict[st
         mechanism = scram.BY_TYPE[u.mechanism]
         upsertions[u.name] = (mechanism, ScramCredential.from_salted_password(
             mechanism, bytes(u.salt), bytes(u.salted_password), u.iterations))
+    if upsertions:
+        # users.json is written whole: past the disk space kept, new credentials are refused (a
+        # client adding users in a loop would fill the disk); deletions still go through.
+        try:
+            broker.logs.check_meta_room(_stored_bytes(store.path)
+                                        + sum(CREDENTIAL_BYTES + 6 * len(name) for name in upsertions))
+        except DiskFullError as exc:
+            storage_refused(exc)
+            for name in upsertions:
+                errors[name] = (ErrorCode.kafka_storage_error, str(exc))
+            upsertions = {}
     if deletions or upsertions:
         try:
             store.alter(upsertions=[(n, m, c) for n, (m, c) in upsertions.items()],
