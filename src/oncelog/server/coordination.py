@@ -40,10 +40,10 @@ from oncelog.protocol import records as rb
 from oncelog.protocol.errors import ErrorCode
 from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.internal_log import encode_batch, read_all
-from oncelog.server.refusals import storage_refused
 from oncelog.storage import fileio
 from oncelog.storage.errors import DiskFullError, ProducerStateError
 from oncelog.storage.partition_log import AppendOrigin
+from oncelog.storage.refusals import storage_refused
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker

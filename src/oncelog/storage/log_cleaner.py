@@ -54,6 +54,8 @@ from typing import TYPE_CHECKING
 
 from oncelog.protocol import records as rb
 from oncelog.storage import fileio, record_codec, segment_swap
+from oncelog.storage.errors import DiskFullError
+from oncelog.storage.refusals import storage_refused
 from oncelog.storage.transaction_index import AbortedTxn
 
 if TYPE_CHECKING:
@@ -536,22 +538,16 @@ class LogCleanerManager:
     recovery-point checkpoint, a marker) would have stopped the broker.
     """
 
-    #: Seconds between two warnings that cleaning is put off for want of room.
-    PUT_OFF_WARNING_S = 60.0
-
     def __init__(self, config: CleanerConfig) -> None:
         self.config = config
         self.in_progress: dict[PartitionLog, CleanJob] = {}
         self.uncleanable: dict[str, str] = {}
         self._checkpoints: dict[PartitionLog, int] = {}
         self.cleanings = 0
-        self._put_off_warned = -self.PUT_OFF_WARNING_S
 
-    def _put_off(self, name: str, why: str) -> None:
-        now = time.monotonic()
-        if now - self._put_off_warned >= self.PUT_OFF_WARNING_S:
-            self._put_off_warned = now
-            log.warning("%s: cleaning put off: %s", name, why)
+    @staticmethod
+    def _put_off(name: str, why: str) -> None:
+        storage_refused(DiskFullError(f"{name}: cleaning put off: {why}"))
 
     # --- checkpoints ---------------------------------------------------------------------------
     def checkpoint(self, plog: PartitionLog) -> int | None:

@@ -18,8 +18,8 @@ from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request, td_ms
 from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.authz import Op, R, allowed, authorized_operations
-from oncelog.server.refusals import storage_refused
 from oncelog.storage.errors import DiskFullError
+from oncelog.storage.refusals import storage_refused
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker

@@ -17,10 +17,10 @@ from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request
 from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.authz import Op, R, allowed, create_topic_allowed, idempotent_write_allowed
-from oncelog.server.refusals import storage_refused
 from oncelog.server.topics import ensure_topic
 from oncelog.storage import errors as storage_errors
 from oncelog.storage.fileio import StorageOfflineError
+from oncelog.storage.refusals import storage_refused
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker

@@ -27,8 +27,8 @@ from oncelog.security.acl import Operation, ResourceType
 from oncelog.security.credentials import validate_username
 from oncelog.security.scram import ScramCredential, ScramMechanism
 from oncelog.server import authz
-from oncelog.server.refusals import storage_refused
 from oncelog.storage.errors import DiskFullError
+from oncelog.storage.refusals import storage_refused
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
