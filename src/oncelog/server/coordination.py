@@ -39,7 +39,7 @@ from oncelog.coordinator.transaction.coordinator import TransactionCoordinator, 
 from oncelog.protocol import records as rb
 from oncelog.protocol.errors import ErrorCode
 from oncelog.server.answers import AnsweredWhenDurable
-from oncelog.server.internal_log import encode_batch, read_all
+from oncelog.server.internal_log import encode_batch, encoded_bytes, read_all
 from oncelog.storage import fileio
 from oncelog.storage.errors import DiskFullError, ProducerStateError
 from oncelog.storage.partition_log import AppendOrigin
@@ -257,8 +257,7 @@ class Coordination:
         return answer(result) if step is None else self._answer_after(step, result, answer)
 
     def _txn_log_refused(self, records: list[tuple[bytes, bytes | None]]) -> DiskFullError | None:
-        size = rb.HEADER_SIZE + sum(20 + len(k) + len(v or b"") for k, v in records)
-        return self._write_refused(self._txn_log(), size)
+        return self._write_refused(self._txn_log(), encoded_bytes(records))
 
     @staticmethod
     def _write_refused(plog: Any, size: int) -> DiskFullError | None:
@@ -567,9 +566,7 @@ class Coordination:
             now = self.broker.clock.now_ms()
             before = plog.size_in_bytes
             records = snapshot()
-            size = (sum(20 + len(k) + len(v or b"") for k, v in records)
-                    + rb.HEADER_SIZE * (len(records) // CHECKPOINT_BATCH_RECORDS + 1))
-            if (refused := self._write_refused(plog, size)) is not None:
+            if (refused := self._write_refused(plog, encoded_bytes(records, CHECKPOINT_BATCH_RECORDS))) is not None:
                 storage_refused(DiskFullError(f"checkpoint put off: {refused}"))
                 continue
             if plog.active.size > 0:

@@ -28,6 +28,13 @@ class LoggedRecord:
     control: int | None = None  # CONTROL_COMMIT / CONTROL_ABORT for markers
 
 
+def encoded_bytes(kvs: list[tuple[bytes, bytes | None]], per_batch: int | None = None) -> int:
+    """At most how many bytes :func:`encode_batch` makes of ``kvs``, in batches of ``per_batch``
+    records (one batch if None): what an append of them asks of the disk."""
+    batches = 1 if per_batch is None else len(kvs) // per_batch + 1
+    return rb.HEADER_SIZE * batches + sum(20 + len(k) + len(v or b"") for k, v in kvs)
+
+
 def encode_batch(kvs: list[tuple[bytes, bytes | None]], now_ms: int, *, producer_id: int = -1,
                  producer_epoch: int = -1, base_sequence: int = -1, transactional: bool = False) -> bytes:
     recs = [rb.encode_record(i, 0, k, v) for i, (k, v) in enumerate(kvs)]
