@@ -19,9 +19,13 @@ Reads use ordinary file APIs: they see what the process wrote (the page cache), 
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
+
+#: errno values of a write refused because the file system (or the user's quota) is full.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class StorageOfflineError(OSError):

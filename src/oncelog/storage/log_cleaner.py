@@ -41,7 +41,6 @@ A cleaning (Kafka's ``Cleaner.doClean``):
 from __future__ import annotations
 
 import bisect
-import errno
 import logging
 import os
 import struct
@@ -674,7 +673,7 @@ class LogCleanerManager:
             fileio.fs.unlink(p)
         if isinstance(exc, CleaningAbortedError | FileNotFoundError):
             return
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(exc, OSError) and exc.errno in fileio.DISK_FULL_ERRNOS:
             self._put_off(job.name, f"the disk is full ({exc})")
             return
         self.uncleanable[job.name] = f"{type(exc).__name__}: {exc}"

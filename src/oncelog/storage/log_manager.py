@@ -11,7 +11,6 @@ Only the broker's event loop thread calls the log manager.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import re
@@ -148,7 +147,7 @@ class LogManager:
         try:
             fileio.fs.write_atomic(self._meta_path(), data)
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            if exc.errno in fileio.DISK_FULL_ERRNOS:
                 raise DiskFullError(f"could not write {self._meta_path()}: {exc}") from exc
             raise
         self._meta_bytes = len(data)
