@@ -30,6 +30,7 @@ from oncelog.storage import descriptors, fileio
 from oncelog.storage.config import LogConfig
 from oncelog.storage.log_cleaner import CleanerConfig, clean
 from oncelog.storage.log_manager import LogManager
+from oncelog.storage.producer_state import ProducerStateBound
 
 log = logging.getLogger("oncelog.server")
 
@@ -158,7 +159,8 @@ class Broker:
                 config.data_dir, sasl_mechanisms=config.sasl_enabled_mechanisms if config.sasl_enabled else None,
                 tls_cert=Path(config.tls_cert) if config.tls_cert else None,
                 tls_key=Path(config.tls_key) if config.tls_key else None)
-            self.logs = LogManager(config.data_dir, self.log_defaults, self.clock, self.cleaner_config)
+            self.logs = LogManager(config.data_dir, self.log_defaults, self.clock, self.cleaner_config,
+                                   producer_bound=ProducerStateBound(config.producer_state_max_entries))
             self.logs.dir_state.min_free_bytes = config.log_dir_min_free_bytes
             from oncelog.server.coordination import Coordination
 

@@ -68,6 +68,10 @@ class BrokerConfig:
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
     producer_id_expiration_ms: int = 24 * 3600 * 1000
+    # Producer-state entries (one per partition and idempotent or transactional producer id) the broker
+    # keeps in all, about 1.3 KB of memory each: past it the least recently written idle ones are
+    # evicted early, and their producers get UNKNOWN_PRODUCER_ID (ProducerStateBound).
+    producer_state_max_entries: int = 200_000
     transaction_state_log_num_partitions: int = 1
     # Groups.
     offsets_topic_num_partitions: int = 1
@@ -207,6 +211,8 @@ class BrokerConfig:
                 raise ValueError(f"super user {principal!r} must be a principal of the form User:NAME")
         if self.sasl_server_max_receive_size < 1024:
             raise ValueError("sasl_server_max_receive_size must be at least 1024 bytes")
+        if self.producer_state_max_entries < 1:
+            raise ValueError("producer_state_max_entries must be at least 1")
         if self.tls_cert is not None and self.tls_key is not None:
             from oncelog.security.tls import server_context
 

@@ -40,6 +40,7 @@ from oncelog.storage.errors import (
 )
 from oncelog.storage.log_cleaner import CleanerConfig, CleanJob, LogCleanerManager
 from oncelog.storage.partition_log import LogDirState, PartitionLog
+from oncelog.storage.producer_state import ProducerStateBound
 
 log = logging.getLogger("oncelog.storage")
 
@@ -72,7 +73,8 @@ def validate_topic_name(name: str) -> None:
 
 class LogManager:
     def __init__(self, data_dir: Path, default_config: LogConfig, clock: Clock,
-                 cleaner_config: CleanerConfig | None = None) -> None:
+                 cleaner_config: CleanerConfig | None = None, *,
+                 producer_bound: ProducerStateBound | None = None) -> None:
         self.data_dir = data_dir
         self.cleaner = LogCleanerManager(cleaner_config or CleanerConfig())
         self.default_config = default_config
@@ -80,6 +82,7 @@ class LogManager:
         self.meta_dir = data_dir / "__meta"
         fileio.fs.mkdir(self.meta_dir)
         self.dir_state = LogDirState()
+        self.dir_state.producer_bound = producer_bound
         self._topics: dict[str, TopicInfo] = {}
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
         # Names whose partitions are being built off the loop (``reserve_topic``): taken, not visible.

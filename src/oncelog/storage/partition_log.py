@@ -51,6 +51,7 @@ from oncelog.storage.leader_epoch_cache import LeaderEpochCache
 from oncelog.storage.log_segment import LogSegment
 from oncelog.storage.producer_state import (
     AppendOrigin,
+    ProducerStateBound,
     ProducerStateEntry,
     ProducerStateManager,
 )
@@ -113,6 +114,8 @@ class LogDirState:
 
     offline_reason: str | None = None
     min_free_bytes: int = 0
+    # Counts every partition's producer-state entries against the broker's bound (None: unbounded).
+    producer_bound: ProducerStateBound | None = None
     _free: int | None = None  # at the last statvfs
     _since: int = 0  # bytes appended since
     _unknown: bool = False  # the file system reports no size: the bound cannot be applied
@@ -198,6 +201,8 @@ class PartitionLog:
             for seg in self.segments:  # a load that failed (no descriptor left) keeps no file open
                 seg.abandon()
             raise
+        if self.dir_state.producer_bound is not None:
+            self.dir_state.producer_bound.attach(self.producer_state)
         # What the log held when it was loaded is readable at once, fsynced or not: it survived the
         # restart, and Kafka's high watermark after recovery is the log end too (``readable_end``).
         self._loaded_end = self.log_end_offset
@@ -1027,11 +1032,16 @@ class PartitionLog:
         if self.dir_state.offline_reason is None:
             self.flush(force=self.snapshot_offset != self.log_end_offset)
         self.removed = True
+        self._detach_producers()
         for seg in self.segments:
             if self.dir_state.offline_reason is None:
                 seg.close()
             else:
                 seg.abandon()  # nothing more may be written to a failed directory
+
+    def _detach_producers(self) -> None:
+        if self.producer_state.bound is not None:
+            self.producer_state.bound.detach(self.producer_state)
 
     def delete(self) -> None:
         try:
@@ -1039,6 +1049,7 @@ class PartitionLog:
         except fileio.StorageOfflineError:
             pass  # the partition is going away; what the flush failed to write does not matter
         self.removed = True
+        self._detach_producers()
         for seg in self.segments:
             seg.abandon()
         fileio.fs.rmtree(self.directory)

@@ -12,6 +12,11 @@ Rules (KIP-98/360, Kafka's ProducerAppendInfo):
 - same epoch: a batch equal to one of the last 5 (first_seq, last_seq) is a duplicate answered with
   its original offsets; otherwise first_seq must be last_seq + 1 (wrapping after INT32_MAX);
 - unknown producer (never seen or expired): any sequence is accepted;
+- a producer whose entry was evicted to keep the broker's producer state within its bound
+  (``ProducerStateBound``) is remembered by epoch: at that epoch its batches get
+  UNKNOWN_PRODUCER_ID (the client bumps its epoch, or fails if it cannot tell what was written),
+  an older epoch INVALID_PRODUCER_EPOCH, a newer one must start at sequence 0 -- never a silent
+  duplicate, never a zombie let in;
 - a non-transactional batch from a producer with an open transaction: INVALID_TXN_STATE;
 - a transaction starts at the producer's first transactional batch in the partition and ends at
   the COMMIT/ABORT marker the coordinator appends; markers with a stale epoch are refused.
@@ -22,9 +27,10 @@ Only the owning partition log calls this, from the broker's event loop thread.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import zlib
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -91,10 +97,122 @@ def _in_sequence(last_seq: int, next_seq: int) -> bool:
     return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == _INT32_MAX)
 
 
+class ProducerStateBound:
+    """At most ``max_entries`` producer-state entries (one per partition and producer id) across
+    every partition log of a broker, so that clients cannot grow the broker's memory, its snapshots
+    and its restart time without limit by asking for producer ids (KIP-936's concern; Kafka keeps
+    every entry for ``producer.id.expiration.ms``, a day).
+
+    Invariants:
+    - every entry of an attached manager has one key ``(token, pid)`` in ``_lru``, oldest write first;
+    - past ``max_entries``, the least recently written entries without an open transaction are
+      evicted, a few per write (``EVICTION_SCAN``), so no write pays for a long scan; entries with an
+      open transaction are never evicted (a marker must find them), so the bound can be exceeded by
+      as many open transactions as there are, each ended by its timeout at the latest;
+    - an evicted entry's epoch is remembered (``_evicted``, the last ``remembered`` evictions, by
+      default ``max_entries``; an int key and value, a tenth of an entry's memory) so that its
+      producer is answered UNKNOWN_PRODUCER_ID, not taken for a new one (module docstring). A
+      producer evicted and then forgotten is an unknown producer again, as after Kafka's
+      ``producer.id.expiration.ms``.
+
+    Only the broker's event loop thread calls it, as it does the managers."""
+
+    EVICTION_SCAN = 64
+
+    def __init__(self, max_entries: int, remembered: int | None = None) -> None:
+        if max_entries < 1:
+            raise ValueError(f"producer_state_max_entries must be at least 1, got {max_entries}")
+        self.max_entries = max_entries
+        self.remembered = max_entries if remembered is None else remembered
+        self._lru: OrderedDict[tuple[int, int], ProducerStateManager] = OrderedDict()
+        self._evicted: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._tokens = itertools.count()  # next() is atomic: partitions of new topics attach off the loop
+        self.evictions = 0  # entries evicted since start
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def attach(self, mgr: ProducerStateManager) -> None:
+        """Count ``mgr``'s entries (a partition log's state once loaded), oldest first."""
+        mgr.bound, mgr.token = self, next(self._tokens)
+        if mgr.producers:
+            for pid in sorted(mgr.producers, key=lambda p: mgr.producers[p].last_timestamp):
+                self._lru[(mgr.token, pid)] = mgr
+            self._shrink()
+
+    def detach(self, mgr: ProducerStateManager) -> None:
+        """Stop counting ``mgr`` (its partition log closed or deleted)."""
+        if mgr.bound is self:
+            for pid in mgr.producers:
+                self._lru.pop((mgr.token, pid), None)
+            mgr.bound = None
+
+    def touched(self, mgr: ProducerStateManager, pid: int, entry: ProducerStateEntry) -> None:
+        """``entry`` of ``mgr`` was written: now the newest. Its eviction is forgotten once it knows
+        a sequence again, or a newer epoch than the evicted one."""
+        key = (mgr.token, pid)
+        lru = self._lru
+        if key in lru:
+            lru.move_to_end(key)
+        else:
+            lru[key] = mgr
+        if self._evicted and key in self._evicted and \
+                (entry.batches or entry.producer_epoch > self._evicted[key]):
+            del self._evicted[key]
+        if len(lru) > self.max_entries:  # also when an open transaction just ended
+            self._shrink()
+
+    def forgot(self, mgr: ProducerStateManager, pid: int) -> None:
+        self._lru.pop((mgr.token, pid), None)
+
+    def evicted_epoch(self, mgr: ProducerStateManager, pid: int) -> int | None:
+        return self._evicted.get((mgr.token, pid)) if self._evicted else None
+
+    def _shrink(self) -> None:
+        lru, evicted = self._lru, self._evicted
+        for _ in range(min(self.EVICTION_SCAN, len(lru))):
+            if len(lru) <= self.max_entries:
+                return
+            key, mgr = lru.popitem(last=False)
+            pid = key[1]
+            if pid in mgr.ongoing:
+                lru[key] = mgr  # an open transaction: kept, looked at again after every other entry
+                continue
+            entry = mgr.producers.pop(pid, None)
+            if entry is not None:
+                evicted[key] = entry.producer_epoch
+                self.evictions += 1
+                if len(evicted) > self.remembered:
+                    evicted.popitem(last=False)
+
+
 class ProducerStateManager:
     def __init__(self) -> None:
         self.producers: dict[int, ProducerStateEntry] = {}
         self.ongoing: dict[int, int] = {}  # producer_id -> first offset of its open transaction
+        self.bound: ProducerStateBound | None = None  # set by ProducerStateBound.attach
+        self.token = -1
+
+    def _entry_for(self, pid: int, header: rb.BatchHeader, origin: AppendOrigin,
+                   control: rb.ControlMarker | None) -> ProducerStateEntry:
+        """The live entry of ``pid``, or the one a producer without it starts from: empty, or, if
+        the bound evicted it, at its last epoch (so an older epoch is fenced and a newer one starts
+        at sequence 0). While such an entry holds no batch (a marker may have made it again), a
+        client batch at that very epoch gets UNKNOWN_PRODUCER_ID: its sequence cannot be checked."""
+        entry = self.producers.get(pid)
+        if entry is not None and entry.batches:
+            return entry
+        epoch = self.bound.evicted_epoch(self, pid) if self.bound is not None else None
+        if epoch is None:
+            return entry if entry is not None else ProducerStateEntry(pid)
+        if entry is None:
+            entry = ProducerStateEntry(pid, epoch)
+        if origin is AppendOrigin.CLIENT and control is None and header.producer_epoch == entry.producer_epoch == epoch:
+            raise ProducerStateError(
+                ErrorCode.unknown_producer_id,
+                f"producer {pid} epoch {epoch}: its state was evicted to keep producer_state_max_entries; "
+                "bump the epoch (InitProducerId) and resend")
+        return entry
 
     # --- validation ------------------------------------------------------------------------------
     def prepare(self, headers: list[rb.BatchHeader], origin: AppendOrigin,
@@ -116,8 +234,8 @@ class ProducerStateManager:
                 continue
             entry = scratch.get(pid)
             if entry is None:
-                current = self.producers.get(pid)
-                entry = current.copy() if current is not None else ProducerStateEntry(pid)
+                current = self._entry_for(pid, header, origin, control)
+                entry = current.copy() if pid in self.producers else current
                 scratch[pid] = entry
             self._check(entry, header, origin, control, len(headers))
             if entry.producer_epoch == header.producer_epoch and header.base_sequence >= 0 and \
@@ -137,7 +255,7 @@ class ProducerStateManager:
         plan = AppendPlan(steps=[(pid, header, control)])
         if pid < 0:
             return plan
-        entry = self.producers.get(pid) or ProducerStateEntry(pid)
+        entry = self._entry_for(pid, header, origin, control)
         self._check(entry, header, origin, control, 1)
         if entry.producer_epoch == header.producer_epoch and header.base_sequence >= 0 and \
                 control is None and origin is AppendOrigin.CLIENT:
@@ -224,12 +342,14 @@ class ProducerStateManager:
     def complete(self, plan: AppendPlan, base_offsets: list[int]) -> list[CompletedTxn]:
         """Apply a plan whose batches were written at ``base_offsets``; return finished transactions."""
         completed: list[CompletedTxn] = []
+        bound = self.bound
         for (pid, header, control), base in zip(plan.steps, base_offsets, strict=True):
             if pid < 0:
                 continue
             entry = self.producers.get(pid)
             if entry is None:
-                entry = self.producers[pid] = ProducerStateEntry(pid)
+                evicted = bound.evicted_epoch(self, pid) if bound is not None else None
+                entry = self.producers[pid] = ProducerStateEntry(pid, -1 if evicted is None else evicted)
             done = self._apply_to(entry, header, control, first_offset=base)
             if control is None and header.is_transactional and not header.is_control and pid not in self.ongoing:
                 self.ongoing[pid] = entry.current_txn_first_offset if entry.current_txn_first_offset is not None \
@@ -238,6 +358,8 @@ class ProducerStateManager:
                 self.ongoing.pop(pid, None)
                 if done is not None:
                     completed.append(done)
+            if bound is not None:
+                bound.touched(self, pid, entry)
         return completed
 
     # --- queries ---------------------------------------------------------------------------------
@@ -249,6 +371,8 @@ class ProducerStateManager:
                    if pid not in self.ongoing and now_ms - e.last_timestamp >= producer_id_expiration_ms]
         for pid in expired:
             del self.producers[pid]
+            if self.bound is not None:
+                self.bound.forgot(self, pid)
         return len(expired)
 
     # --- snapshots -------------------------------------------------------------------------------
@@ -258,7 +382,8 @@ class ProducerStateManager:
         body = json.dumps({
             "version": 1, "offset": offset, "aborted_txns": aborted_txns,
             "producers": [[e.producer_id, e.producer_epoch, e.coordinator_epoch, e.current_txn_first_offset,
-                           e.last_timestamp, [dataclasses.astuple(b) for b in e.batches]]
+                           e.last_timestamp, [(b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.timestamp)
+                                              for b in e.batches]]
                           for e in self.producers.values()],
         }, separators=(",", ":")).encode()
         return zlib.crc32(body).to_bytes(4, "big") + body
