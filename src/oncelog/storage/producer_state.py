@@ -13,10 +13,14 @@ Rules (KIP-98/360, Kafka's ProducerAppendInfo):
   its original offsets; otherwise first_seq must be last_seq + 1 (wrapping after INT32_MAX);
 - unknown producer (never seen or expired): any sequence is accepted;
 - a producer whose entry was evicted to keep the broker's producer state within its bound
-  (``ProducerStateBound``) is remembered by epoch: at that epoch its batches get
-  UNKNOWN_PRODUCER_ID (the client bumps its epoch, or fails if it cannot tell what was written),
-  an older epoch INVALID_PRODUCER_EPOCH, a newer one must start at sequence 0 -- never a silent
-  duplicate, never a zombie let in;
+  (``ProducerStateBound``) is remembered by epoch while its eviction is among the last
+  ``remembered``: at that epoch its batches get UNKNOWN_PRODUCER_ID (the client bumps its epoch,
+  or fails if it cannot tell what was written), an older epoch INVALID_PRODUCER_EPOCH, a newer one
+  must start at sequence 0. Once forgotten, an unknown producer id no higher than the highest one
+  the partition ever evicted (``max_evicted_pid``, kept in the snapshot) gets UNKNOWN_PRODUCER_ID
+  for any batch that does not start at sequence 0 (Kafka's answer before KIP-360): what is left
+  is the retry of a producer's very first batch in the partition, evicted and forgotten between the
+  send and the retry (``max_entries`` later entries, all written in between);
 - a non-transactional batch from a producer with an open transaction: INVALID_TXN_STATE;
 - a transaction starts at the producer's first transactional batch in the partition and ends at
   the COMMIT/ABORT marker the coordinator appends; markers with a stale epoch are refused.
@@ -111,9 +115,9 @@ class ProducerStateBound:
       as many open transactions as there are, each ended by its timeout at the latest;
     - an evicted entry's epoch is remembered (``_evicted``, the last ``remembered`` evictions, by
       default ``max_entries``; an int key and value, a tenth of an entry's memory) so that its
-      producer is answered UNKNOWN_PRODUCER_ID, not taken for a new one (module docstring). A
-      producer evicted and then forgotten is an unknown producer again, as after Kafka's
-      ``producer.id.expiration.ms``.
+      producer is answered UNKNOWN_PRODUCER_ID, not taken for a new one; once forgotten, its
+      partition's ``max_evicted_pid`` still refuses it any batch but one starting at sequence 0
+      (module docstring).
 
     Only the broker's event loop thread calls it, as it does the managers."""
 
@@ -180,6 +184,7 @@ class ProducerStateBound:
                 continue
             entry = mgr.producers.pop(pid, None)
             if entry is not None:
+                mgr.max_evicted_pid = max(mgr.max_evicted_pid, pid)
                 evicted[key] = entry.producer_epoch
                 self.evictions += 1
                 if len(evicted) > self.remembered:
@@ -192,6 +197,7 @@ class ProducerStateManager:
         self.ongoing: dict[int, int] = {}  # producer_id -> first offset of its open transaction
         self.bound: ProducerStateBound | None = None  # set by ProducerStateBound.attach
         self.token = -1
+        self.max_evicted_pid = -1  # the highest producer id the bound ever evicted here
 
     def _entry_for(self, pid: int, header: rb.BatchHeader, origin: AppendOrigin,
                    control: rb.ControlMarker | None) -> ProducerStateEntry:
@@ -204,6 +210,14 @@ class ProducerStateManager:
             return entry
         epoch = self.bound.evicted_epoch(self, pid) if self.bound is not None else None
         if epoch is None:
+            # (an entry without batches knows no sequence either: a marker may have made it again)
+            if pid <= self.max_evicted_pid and header.base_sequence > 0 and origin is AppendOrigin.CLIENT and \
+                    control is None and (entry is None or entry.producer_epoch == header.producer_epoch):
+                raise ProducerStateError(
+                    ErrorCode.unknown_producer_id,
+                    f"producer {pid} is unknown here, and producers up to {self.max_evicted_pid} were evicted to keep "
+                    f"producer_state_max_entries: its first batch must start at sequence 0, not "
+                    f"{header.base_sequence}; bump the epoch (InitProducerId) and resend")
             return entry if entry is not None else ProducerStateEntry(pid)
         if entry is None:
             entry = ProducerStateEntry(pid, epoch)
@@ -347,9 +361,8 @@ class ProducerStateManager:
             if pid < 0:
                 continue
             entry = self.producers.get(pid)
-            if entry is None:
-                evicted = bound.evicted_epoch(self, pid) if bound is not None else None
-                entry = self.producers[pid] = ProducerStateEntry(pid, -1 if evicted is None else evicted)
+            if entry is None:  # (``prepare`` checked the batch against an evicted entry's epoch)
+                entry = self.producers[pid] = ProducerStateEntry(pid)
             done = self._apply_to(entry, header, control, first_offset=base)
             if control is None and header.is_transactional and not header.is_control and pid not in self.ongoing:
                 self.ongoing[pid] = entry.current_txn_first_offset if entry.current_txn_first_offset is not None \
@@ -380,7 +393,7 @@ class ProducerStateManager:
         """The state as of ``offset``; ``aborted_txns`` maps a segment's base offset to how many
         aborted-transaction index entries it holds below ``offset`` (checked on load)."""
         body = json.dumps({
-            "version": 1, "offset": offset, "aborted_txns": aborted_txns,
+            "version": 1, "offset": offset, "aborted_txns": aborted_txns, "max_evicted_pid": self.max_evicted_pid,
             "producers": [[e.producer_id, e.producer_epoch, e.coordinator_epoch, e.current_txn_first_offset,
                            e.last_timestamp, [(b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.timestamp)
                                               for b in e.batches]]
@@ -405,6 +418,7 @@ class ProducerStateManager:
             mgr.producers[pid] = entry
             if txn_first is not None:
                 mgr.ongoing[pid] = txn_first
+        mgr.max_evicted_pid = int(doc.get("max_evicted_pid", -1))
         aborted = {int(base): int(n) for base, n in (doc.get("aborted_txns") or {}).items()}
         return mgr, int(doc["offset"]), aborted
 

@@ -1,0 +1,82 @@
+"""``producer_state_max_entries`` seen from real clients, against a broker process: a stranger asking
+for producer id after producer id, each writing to every partition, evicts an idle librdkafka
+producer's state; that producer's next batch gets UNKNOWN_PRODUCER_ID, librdkafka bumps its epoch and
+sends again, and every value arrives once, in order. The broker's entries stay within the bound
+throughout, it stops cleanly and starts again."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from oncelog.admin.raw_client import RawClient
+from oncelog.testing.broker_process import create_topic, oncelog_broker
+from tests.compat.test_clients import consume_all
+from tests.storage.helpers import batch
+
+MAX_ENTRIES = 20
+PARTITIONS = 4
+STRANGER = b"stranger"
+
+
+def produce_one_batch_from_each_new_producer(bootstrap: str, producers: int) -> None:
+    """The stranger: InitProducerId (no transactional id), then one batch of that id to every partition."""
+    with RawClient(bootstrap) as c:
+        for _ in range(producers):
+            init = c.request(22, (0, 4), {"transactional_id": None, "transaction_timeout": 60_000,
+                                          "producer_id": -1, "producer_epoch": -1})
+            assert init.error_code == 0
+            data = batch(1, pid=int(init.producer_id), epoch=int(init.producer_epoch), seq=0,
+                         ts=int(time.time() * 1000), value=STRANGER)
+            resp = c.request(0, (3, 9), {"transactional_id": None, "acks": -1, "timeout": 10_000, "topic_data": [
+                {"name": "t", "partition_data": [{"index": p, "records": data} for p in range(PARTITIONS)]}]})
+            assert [pr.error_code for pr in resp.responses[0].partition_responses] == [0] * PARTITIONS
+
+
+def producer_entries(bootstrap: str) -> dict[int, list[tuple[int, int]]]:
+    """DescribeProducers (KIP-664): the (producer id, epoch) the broker holds state for, per partition."""
+    with RawClient(bootstrap) as c:
+        resp = c.request(61, (0, 0), {"topics": [{"name": "t", "partition_indexes": list(range(PARTITIONS))}]})
+    return {p.partition_index: [(s.producer_id, s.producer_epoch) for s in p.active_producers]
+            for p in resp.topics[0].partitions}
+
+
+def test_an_idle_idempotent_producer_evicted_by_a_stranger_bumps_its_epoch_and_loses_or_doubles_nothing(
+        tmp_path: Path) -> None:
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text(f"producer_state_max_entries = {MAX_ENTRIES}\n")
+    with oncelog_broker(tmp_path / "d", "--config", str(cfg), log_path=tmp_path / "broker.log") as broker:
+        broker.start()
+        create_topic(broker.bootstrap, "t", PARTITIONS)
+        errors: list[str] = []
+        p = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                      "error_cb": lambda e: errors.append(str(e))})
+        delivered: list[tuple[object, int]] = []
+
+        def send(values: range) -> None:
+            for i in values:
+                p.produce("t", value=b"v%d" % i, partition=0,
+                          on_delivery=lambda err, msg: delivered.append((err, msg.offset())))
+            assert p.flush(30) == 0
+
+        send(range(0, 20))
+        (victim,) = producer_entries(broker.bootstrap)[0]
+        produce_one_batch_from_each_new_producer(broker.bootstrap, 3 * MAX_ENTRIES)
+        held = producer_entries(broker.bootstrap)
+        assert sum(len(pids) for pids in held.values()) <= MAX_ENTRIES
+        assert victim not in held[0]  # its state is gone
+        send(range(20, 40))  # UNKNOWN_PRODUCER_ID, an epoch bump, the batch again
+        assert (victim[0], victim[1] + 1) in producer_entries(broker.bootstrap)[0]  # (librdkafka bumps it locally)
+        send(range(40, 50))
+        assert [err for err, _ in delivered if err is not None] == []
+        assert not any("fatal" in e.lower() for e in errors), errors
+        p.flush(5)
+        values = [m.value() for m in consume_all(broker.bootstrap, "t", 1, 50 + 3 * MAX_ENTRIES)]
+        assert [v for v in values if v != STRANGER] == [b"v%d" % i for i in range(50)]
+        assert sum(len(pids) for pids in producer_entries(broker.bootstrap).values()) <= MAX_ENTRIES
+        assert broker.stop() == 0
+        broker.start()
+        assert sum(len(pids) for pids in producer_entries(broker.bootstrap).values()) <= MAX_ENTRIES
+        assert [m.value() for m in consume_all(broker.bootstrap, "t", 1, len(values))] == values
