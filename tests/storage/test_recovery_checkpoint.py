@@ -385,3 +385,39 @@ def test_a_clean_stop_leaves_nothing_to_replay(tmp_path: Path, monkeypatch: pyte
     assert plog.snapshot_offset == plog.recovery_point == 3
     assert plog.producer_state.producers[7].last_seq == 2
     logs.close()
+
+
+def test_a_pass_encodes_a_bounded_number_of_snapshot_entries_and_a_later_one_the_rest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Snapshots are encoded on the loop: a pass stops taking them past SNAPSHOT_PASS_ENTRIES (the
+    partition that crosses it included), the others still flush and move their recovery point, and
+    a crash then replays their producer state from the log."""
+    from oncelog.storage import log_manager
+
+    monkeypatch.setattr(log_manager, "SNAPSHOT_PASS_ENTRIES", 10)
+    clock = ManualClock(1_000_000)
+    logs, _ = _open(tmp_path / "d", clock, partitions=4)
+    parts = [logs.get_partition(TOPIC, p) for p in range(4)]
+    for p, plog in enumerate(parts):
+        assert plog is not None
+        for pid in range(6):
+            plog.append(batch(pid=100 * p + pid, epoch=0, seq=0))
+    clock.advance(partition_log.SNAPSHOT_INTERVAL_MS)  # every partition's snapshot is due
+    first = _plan_pass(logs, clock)
+    assert [(plog.partition, job.snapshot is not None) for plog, job in first.jobs] == \
+        [(0, True), (1, True), (2, False), (3, False)]
+    first.run()
+    logs.finish_flush_pass(first)
+    assert all(plog is not None and plog.recovery_point == 6 for plog in parts)
+
+    def producers(manager: LogManager) -> list[dict]:
+        return [{pid: (e.producer_epoch, e.last_seq) for pid, e in plog.producer_state.producers.items()}
+                for p in range(4) if (plog := manager.get_partition(TOPIC, p)) is not None]
+
+    again, _ = _open(tmp_path / "d", clock, partitions=4)  # a crash: the first manager is never closed
+    assert producers(again) == producers(logs) and all(len(ps) == 6 for ps in producers(again))
+    for plog in parts[2:]:
+        assert plog is not None
+        plog.append(batch(pid=100 * plog.partition, epoch=0, seq=1))
+    second = _plan_pass(logs, clock)
+    assert [(plog.partition, job.snapshot is not None) for plog, job in second.jobs] == [(2, True), (3, True)]

@@ -804,13 +804,14 @@ class PartitionLog:
         self._guarded(lambda: _raise(error))
 
     def begin_flush(self, *, force: bool = False, aborted_counts: dict[int, int] | None = None,
-                    light: bool = True) -> FlushJob | None:
+                    light: bool = True, snapshot_deferred: bool = False) -> FlushJob | None:
         """Plan the background flush (see ``flush_job``); None if nothing is to flush or one is
         already in flight. The caller runs ``job.run()`` (off the loop) then :meth:`finish_flush`.
         ``force`` writes the snapshot even if nothing was appended; ``aborted_counts`` replaces the
         per-segment aborted-index counts (the cleaner's swap passes ones valid before and after it);
         ``light`` (the periodic background flush) fsyncs only what recovery needs (``flush_job``)
-        and writes the producer-state snapshot only when :meth:`_snapshot_due`: its recovery
+        and writes the producer-state snapshot only when :meth:`_snapshot_due` and not
+        ``snapshot_deferred`` (the pass's snapshots are large enough already): its recovery
         point then reaches the disk through the directory's checkpoint (``recovery_checkpoint``),
         which the caller writes after ``job.run()`` when ``job.snapshot`` is None."""
         self._check_online()
@@ -828,7 +829,8 @@ class PartitionLog:
             job.rolls = self._rolls
         if self.epochs.dirty:
             job.epochs = self.epochs.take_file()
-        if force or (end != self.recovery_point and (not light or self._snapshot_due(end, now))):
+        if force or (end != self.recovery_point and
+                     (not light or (not snapshot_deferred and self._snapshot_due(end, now)))):
             aborted = aborted_counts if aborted_counts is not None else \
                 {seg.base_offset: len(seg.txn_index.entries) for seg in self.segments if seg.txn_index.entries}
             job.snapshot = (self.directory / SNAPSHOT_FILE, self.producer_state.snapshot_bytes(end, aborted))
