@@ -208,6 +208,34 @@ def test_timeout_validation_and_idle_id_expiration() -> None:
     assert h.log[-1][1] is None  # a tombstone
 
 
+def test_past_the_bound_the_idle_ids_updated_longest_ago_expire_and_transactions_in_flight_stay() -> None:
+    """transactional_id_max_entries: a stranger asking for id after id cannot grow the coordinator for
+    a week. The excess goes at the timeout scan, oldest idle first, as a tombstone (the expiration's
+    own step); an open or pending transaction is never forgotten; the id comes back as a new
+    producer id, and its old instance stays fenced."""
+    clock = ManualClock()
+    h = Harness(clock, transactional_id_max_entries=3)
+    pids = {}
+    for tid in "abcdef":
+        clock.advance(10)
+        pids[tid] = h.init(tid).producer_id
+    h.apply(h.tc.add_partitions_to_txn("b", pids["b"], 0, [TP]))  # b: Ongoing
+    h.tc.pending.add("c")  # c: a step in flight
+    steps = h.tc.expire_steps(clock.now_ms())
+    assert sorted(tid for tid, _ in steps) == ["a", "d", "e"] and h.tc.expired_early == 3
+    for _, result in steps:
+        h.apply(result)
+    h.tc.pending.discard("c")
+    assert sorted(h.tc.transactions) == ["b", "c", "f"] and h.log[-1] == (h.log[-1][0], None)
+    assert h.state("b").state is S.ONGOING
+    assert h.tc.expire_steps(clock.now_ms()) == []  # within the bound now
+    again = h.init("a")
+    assert again.error == ErrorCode.none and again.producer_id != pids["a"] and again.producer_epoch == 0
+    assert h.tc.end_txn("a", pids["a"], 0, committed=True).error == ErrorCode.invalid_producer_id_mapping
+    assert h.tc.add_partitions_to_txn("d", pids["d"], 0, [TP]).error != ErrorCode.none  # forgotten: refused
+    assert h.tc.check_produce(pids["a"], 0, "a", True, *TP) != ErrorCode.none  # the old instance's batch
+
+
 def test_idempotent_producers_get_fresh_ids_without_records() -> None:
     h = Harness()
     a = h.tc.init_producer_id(None, 60_000)

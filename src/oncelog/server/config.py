@@ -66,6 +66,9 @@ class BrokerConfig:
     # Transactions and idempotence.
     transaction_max_timeout_ms: int = 900_000
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
+    # Transactional ids the coordinator keeps (about 620 B of memory each): past it the idle ones updated
+    # longest ago expire at the next timeout scan, as they would after transactional_id_expiration_ms.
+    transactional_id_max_entries: int = 100_000
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
     producer_id_expiration_ms: int = 24 * 3600 * 1000
     # Producer-state entries (one per partition and idempotent or transactional producer id) the broker
@@ -213,6 +216,8 @@ class BrokerConfig:
             raise ValueError("sasl_server_max_receive_size must be at least 1024 bytes")
         if self.producer_state_max_entries < 1:
             raise ValueError("producer_state_max_entries must be at least 1")
+        if self.transactional_id_max_entries < 1:
+            raise ValueError("transactional_id_max_entries must be at least 1")
         if self.tls_cert is not None and self.tls_key is not None:
             from oncelog.security.tls import server_context
 

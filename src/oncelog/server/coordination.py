@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -76,6 +77,7 @@ def _loop_running() -> bool:
 class Coordination:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
+        self._early_expiry_logged = -60.0  # time.monotonic() of the last warning (``expire_transactions``)
         cfg = broker.config
         logs = broker.logs
         for name, n in ((TRANSACTION_STATE_TOPIC, cfg.transaction_state_log_num_partitions),
@@ -88,6 +90,7 @@ class Coordination:
             transaction_max_timeout_ms=cfg.transaction_max_timeout_ms,
             transactional_id_expiration_ms=cfg.transactional_id_expiration_ms,
             offsets_partition_for=self.offsets_partition_for,
+            transactional_id_max_entries=cfg.transactional_id_max_entries,
         )
         self.groups = GroupCoordinator(
             broker.clock, group_min_session_timeout_ms=cfg.group_min_session_timeout_ms,
@@ -594,7 +597,13 @@ class Coordination:
         client's does, off the loop (:meth:`start_step`), so a scan that aborts many transactions
         never holds the loop in their fsyncs; called outside a loop (tests that drive the
         coordinator directly) the steps run here, fsyncs included."""
+        before = self.txn.expired_early
         steps = self.txn.expire_steps(self.broker.clock.now_ms())
+        if self.txn.expired_early > before and time.monotonic() - self._early_expiry_logged >= 60:
+            self._early_expiry_logged = time.monotonic()
+            log.warning("%d idle transactional id(s) expired early to keep transactional_id_max_entries (%d); "
+                        "%d since start", self.txn.expired_early - before, self.txn.transactional_id_max_entries,
+                        self.txn.expired_early)
         if not _loop_running():
             for _, result in steps:
                 self.apply_txn_result(result)

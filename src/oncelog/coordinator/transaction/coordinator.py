@@ -23,6 +23,7 @@ with a bumped epoch, so its zombie producer can neither write nor commit.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -79,11 +80,14 @@ def _record(meta: TransactionMetadata) -> tuple[bytes, bytes | None]:
 class TransactionCoordinator:
     def __init__(self, producer_ids: ProducerIds, clock: Clock, *, transaction_max_timeout_ms: int = 900_000,
                  transactional_id_expiration_ms: int = 604_800_000, coordinator_epoch: int = 0,
-                 offsets_partition_for: Callable[[str], TopicPartition] | None = None) -> None:
+                 offsets_partition_for: Callable[[str], TopicPartition] | None = None,
+                 transactional_id_max_entries: int = 2**63 - 1) -> None:
         self.producer_ids = producer_ids
         self.clock = clock
         self.transaction_max_timeout_ms = transaction_max_timeout_ms
         self.transactional_id_expiration_ms = transactional_id_expiration_ms
+        self.transactional_id_max_entries = transactional_id_max_entries
+        self.expired_early = 0  # idle ids tombstoned by the count bound (``expire_steps``), since start
         self.coordinator_epoch = coordinator_epoch
         self.offsets_partition_for = offsets_partition_for or (lambda _g: ("__consumer_offsets", 0))
         self.transactions: dict[str, TransactionMetadata] = {}
@@ -277,18 +281,39 @@ class TransactionCoordinator:
     def expire_steps(self, now_ms: int) -> list[tuple[str, TxnResult]]:
         """The timeout scan: (transactional id, step) for every transaction open past its timeout
         (abort with an epoch bump) and every idle id past transactional.id.expiration.ms
-        (tombstone). Pending ids are skipped: their step in flight decides them first."""
+        (tombstone). Pending ids are skipped: their step in flight decides them first.
+
+        And a bound on memory: while more than ``transactional_id_max_entries`` ids would remain,
+        the idle ones updated longest ago are tombstoned too, as if their expiration had come
+        (a client asking for id after id otherwise grows the coordinator for a week). That is as
+        safe as the expiration itself: the id's next InitProducerId gets a new producer id, and the
+        old one's zombie is refused by the checks on producer id ownership. Only idle ids (Empty,
+        CompleteCommit, CompleteAbort) go: an open or completing transaction is never forgotten."""
         steps = []
+        idle: list[TransactionMetadata] = []
+        expiring = 0
         for meta in list(self.transactions.values()):
             tid = meta.transactional_id
             if tid in self.pending:
                 continue
             if meta.state is S.ONGOING and now_ms - meta.txn_start_timestamp_ms > meta.txn_timeout_ms:
                 steps.append((tid, self._abort_with_bump(meta, now_ms)))
-            elif meta.state in (S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT) and \
-                    now_ms - meta.txn_last_update_timestamp_ms > self.transactional_id_expiration_ms:
-                steps.append((tid, TxnResult(records=[(txnlog.encode_key(tid), None)], durable=False)))
+            elif meta.state in (S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT):
+                if now_ms - meta.txn_last_update_timestamp_ms > self.transactional_id_expiration_ms:
+                    steps.append((tid, self._tombstone(tid)))
+                    expiring += 1
+                else:
+                    idle.append(meta)
+        excess = len(self.transactions) - expiring - self.transactional_id_max_entries
+        if excess > 0:
+            for meta in heapq.nsmallest(excess, idle, key=lambda m: m.txn_last_update_timestamp_ms):
+                steps.append((meta.transactional_id, self._tombstone(meta.transactional_id)))
+                self.expired_early += 1
         return steps
+
+    @staticmethod
+    def _tombstone(transactional_id: str) -> TxnResult:
+        return TxnResult(records=[(txnlog.encode_key(transactional_id), None)], durable=False)
 
     def open_transactions(self) -> list[str]:
         """Transactional ids whose transaction is Ongoing."""
