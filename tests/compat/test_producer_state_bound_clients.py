@@ -2,7 +2,8 @@
 for producer id after producer id, each writing to every partition, evicts an idle librdkafka
 producer's state; that producer's next batch gets UNKNOWN_PRODUCER_ID, librdkafka bumps its epoch and
 sends again, and every value arrives once, in order. The broker's entries stay within the bound
-throughout, it stops cleanly and starts again."""
+throughout, it stops cleanly and starts again. And ``transactional_id_max_entries``: an idle
+transactional id pushed out by a stranger's costs its librdkafka owner one aborted transaction."""
 
 from __future__ import annotations
 
@@ -80,3 +81,51 @@ def test_an_idle_idempotent_producer_evicted_by_a_stranger_bumps_its_epoch_and_l
         broker.start()
         assert sum(len(pids) for pids in producer_entries(broker.bootstrap).values()) <= MAX_ENTRIES
         assert [m.value() for m in consume_all(broker.bootstrap, "t", 1, len(values))] == values
+
+
+def test_an_idle_transactional_id_expired_early_by_a_stranger_costs_its_owner_one_aborted_transaction(
+        tmp_path: Path) -> None:
+    """``transactional_id_max_entries``: a stranger's new transactional ids push an idle one out at the
+    timeout scan. Its owner's next AddPartitionsToTxn gets INVALID_PRODUCER_ID_MAPPING, which
+    librdkafka takes as abortable: after the abort the same producer commits again, and
+    read_committed shows what was committed, once."""
+    from confluent_kafka import KafkaException
+
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text("transactional_id_max_entries = 20\n"
+                   "transaction_abort_timed_out_transaction_cleanup_interval_ms = 200\n")
+    with oncelog_broker(tmp_path / "d", "--config", str(cfg), log_path=tmp_path / "broker.log") as broker:
+        broker.start()
+        create_topic(broker.bootstrap, "t", 1)
+        p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "victim"})
+        p.init_transactions(10)
+        p.begin_transaction()
+        p.produce("t", b"one")
+        p.commit_transaction(10)
+        with RawClient(broker.bootstrap) as c:
+            for i in range(60):
+                init = c.request(22, (0, 4), {"transactional_id": f"stranger-{i}", "transaction_timeout": 60_000,
+                                              "producer_id": -1, "producer_epoch": -1})
+                assert init.error_code == 0
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                listed = c.request(66, (0, 0), {"state_filters": [], "producer_id_filters": []})
+                if len(listed.transaction_states) <= 20:
+                    break
+                time.sleep(0.1)
+            assert len(listed.transaction_states) <= 20
+            assert "victim" not in {t.transactional_id for t in listed.transaction_states}
+        p.begin_transaction()
+        p.produce("t", b"two")
+        try:
+            p.commit_transaction(10)
+            raise AssertionError("the expired id's producer id was still taken")
+        except KafkaException as exc:
+            err = exc.args[0]
+            assert err.txn_requires_abort() and not err.fatal(), err
+        p.abort_transaction(10)
+        p.begin_transaction()
+        p.produce("t", b"three")
+        p.commit_transaction(10)
+        values = [m.value() for m in consume_all(broker.bootstrap, "t", 1, 2, **{"isolation.level": "read_committed"})]
+        assert values == [b"one", b"three"]
