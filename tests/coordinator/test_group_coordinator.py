@@ -290,3 +290,52 @@ def test_a_group_record_the_store_refuses_is_not_kept_and_the_group_rebalances()
     assert (l3.value.error, f3.value.error, b3.value.error) == (ErrorCode.none,) * 3
     records = gc.take_records()
     assert len(records) == 1 and len(records[0][0]) + len(records[0][1] or b"") <= asked[-1][1] + 64
+
+
+def test_past_group_max_count_new_groups_are_refused_and_known_ones_keep_everything() -> None:
+    """A client committing to group after group (or joining them) cannot grow the coordinator for
+    the week offsets are kept: past ``group_max_count`` a JoinGroup or an offset commit for a new
+    group gets COORDINATOR_NOT_AVAILABLE (retriable) and writes nothing; known groups keep joining
+    and committing; a deletion makes room again. Loading never refuses."""
+    clock = ManualClock()
+    gc = GroupCoordinator(clock, group_initial_rebalance_delay_ms=0, group_max_count=2)
+    log: list[tuple[bytes, bytes | None]] = []
+
+    def apply(records: list[tuple[bytes, bytes | None]]) -> None:
+        log.extend(records)
+        for k, v in records:
+            gc.replay(k, v)
+
+    for gid in ("a", "b"):
+        result = gc.offset_commit(gid, -1, "", None, [("t", 0, 5, -1, "")])
+        assert result.errors == {("t", 0): ErrorCode.none}
+        apply(result.records)
+    refused = gc.offset_commit("c", -1, "", None, [("t", 0, 5, -1, ""), ("t", 1, 6, -1, "")])
+    assert refused.errors == {("t", 0): ErrorCode.coordinator_not_available,
+                              ("t", 1): ErrorCode.coordinator_not_available} and refused.records == []
+    assert gc.txn_offset_commit("c", 7, -1, "", None, [("t", 0, 5, -1, "")]).errors == \
+        {("t", 0): ErrorCode.coordinator_not_available}
+    box = Box()
+    gc.join_group("c", "", None, "client", "/h", 10_000, 20_000, "consumer", PROTO, False, box)
+    assert box.value.error == ErrorCode.coordinator_not_available and "c" not in gc.groups
+    assert gc.membership.groups_refused == 3
+    again = gc.offset_commit("a", -1, "", None, [("t", 0, 9, -1, ""), ("t", 3, 1, -1, "")])  # a known group
+    assert set(again.errors.values()) == {ErrorCode.none}
+    apply(again.records)
+    box = Box()
+    gc.join_group("b", "", None, "client", "/h", 10_000, 20_000, "consumer", PROTO, False, box)
+    assert box.value.error == ErrorCode.none
+    apply(gc.take_records())
+    errors, records = gc.delete_groups(["a"])
+    assert errors == {"a": ErrorCode.none}
+    apply(records)
+    assert "a" not in gc.groups
+    result = gc.offset_commit("c", -1, "", None, [("t", 0, 5, -1, "")])
+    assert result.errors == {("t", 0): ErrorCode.none}
+    apply(result.records)
+    fresh = GroupCoordinator(clock, group_max_count=1)  # a smaller bound: loading keeps what the log holds
+    fresh.loading = True
+    for k, v in log:
+        fresh.replay(k, v)
+    fresh.loaded()
+    assert sorted(fresh.groups) == ["b", "c"]

@@ -77,6 +77,9 @@ class BrokerConfig:
     producer_state_max_entries: int = 200_000
     transaction_state_log_num_partitions: int = 1
     # Groups.
+    # Groups kept (about 1 KB each with an offset): past it a JoinGroup or an offset commit for a new group
+    # gets COORDINATOR_NOT_AVAILABLE (retriable); known groups are never dropped for room.
+    group_max_count: int = 100_000
     offsets_topic_num_partitions: int = 1
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1_800_000
@@ -218,6 +221,8 @@ class BrokerConfig:
             raise ValueError("producer_state_max_entries must be at least 1")
         if self.transactional_id_max_entries < 1:
             raise ValueError("transactional_id_max_entries must be at least 1")
+        if self.group_max_count < 1:
+            raise ValueError("group_max_count must be at least 1")
         if self.tls_cert is not None and self.tls_key is not None:
             from oncelog.security.tls import server_context
 

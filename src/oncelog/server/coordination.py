@@ -77,7 +77,7 @@ def _loop_running() -> bool:
 class Coordination:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self._early_expiry_logged = -60.0  # time.monotonic() of the last warning (``expire_transactions``)
+        self._bound_logged: dict[str, float] = {}  # time.monotonic() of each bound's last warning
         cfg = broker.config
         logs = broker.logs
         for name, n in ((TRANSACTION_STATE_TOPIC, cfg.transaction_state_log_num_partitions),
@@ -98,7 +98,9 @@ class Coordination:
             group_initial_rebalance_delay_ms=cfg.group_initial_rebalance_delay_ms,
             offsets_retention_ms=cfg.offsets_retention_minutes * 60_000,
             group_max_record_bytes=cfg.message_max_bytes,
-            store_refused=lambda group_id, size: self.group_store_refused(group_id, size) is not None)
+            store_refused=lambda group_id, size: self.group_store_refused(group_id, size) is not None,
+            group_max_count=cfg.group_max_count)
+        self._groups_refused_reported = 0
         self._checkpoint_bytes: dict[str, int] = {}  # per internal partition: size of its last checkpoint
         self._steps: set[asyncio.Task[None]] = set()  # steps in flight (start_step: the timeout scan's and clients')
 
@@ -591,6 +593,15 @@ class Coordination:
                      plog.name, len(records), start, plog.log_start_offset, before, plog.size_in_bytes)
         return done
 
+    def _warn_once_a_minute(self, kind: str, message: str, *args: object) -> bool:
+        """Log a bound's warning unless one of ``kind`` was logged in the last minute; True if logged."""
+        now = time.monotonic()
+        if now - self._bound_logged.get(kind, -60.0) < 60:
+            return False
+        self._bound_logged[kind] = now
+        log.warning(message, *args)
+        return True
+
     def expire_transactions(self) -> None:
         """The timeout scan (a timer): abort each transaction open past its timeout, tombstone each
         expired transactional id. In the broker (an event loop running) each step runs as a
@@ -599,11 +610,16 @@ class Coordination:
         coordinator directly) the steps run here, fsyncs included."""
         before = self.txn.expired_early
         steps = self.txn.expire_steps(self.broker.clock.now_ms())
-        if self.txn.expired_early > before and time.monotonic() - self._early_expiry_logged >= 60:
-            self._early_expiry_logged = time.monotonic()
-            log.warning("%d idle transactional id(s) expired early to keep transactional_id_max_entries (%d); "
-                        "%d since start", self.txn.expired_early - before, self.txn.transactional_id_max_entries,
-                        self.txn.expired_early)
+        if self.txn.expired_early > before:
+            self._warn_once_a_minute(
+                "txn", "%d idle transactional id(s) expired early to keep transactional_id_max_entries (%d); "
+                "%d since start", self.txn.expired_early - before, self.txn.transactional_id_max_entries,
+                self.txn.expired_early)
+        refused = self.groups.membership.groups_refused  # the group bound's refusals, reported on this timer
+        if refused > self._groups_refused_reported and self._warn_once_a_minute(
+                "groups", "%d request(s) for new groups refused with COORDINATOR_NOT_AVAILABLE: %d groups are "
+                "kept (group_max_count)", refused - self._groups_refused_reported, len(self.groups.groups)):
+            self._groups_refused_reported = refused
         if not _loop_running():
             for _, result in steps:
                 self.apply_txn_result(result)

@@ -56,15 +56,17 @@ class GroupCoordinator:
                  group_max_session_timeout_ms: int = 1_800_000, group_initial_rebalance_delay_ms: int = 3000,
                  offsets_retention_ms: int = 7 * 24 * 3600 * 1000,
                  group_max_record_bytes: int = DEFAULT_GROUP_MAX_RECORD_BYTES,
-                 store_refused: Callable[[str, int], bool] = lambda group_id, size: False) -> None:
-        """``store_refused``: see ``GroupMetadataManager``."""
+                 store_refused: Callable[[str, int], bool] = lambda group_id, size: False,
+                 group_max_count: int = 2**63 - 1) -> None:
+        """``store_refused``, ``group_max_count``: see ``GroupMetadataManager``."""
         self.clock = clock
         self.offsets_retention_ms = offsets_retention_ms
         self.membership = GroupMetadataManager(
             clock, group_min_session_timeout_ms=group_min_session_timeout_ms,
             group_max_session_timeout_ms=group_max_session_timeout_ms,
             group_initial_rebalance_delay_ms=group_initial_rebalance_delay_ms,
-            group_max_record_bytes=group_max_record_bytes, store_refused=store_refused)
+            group_max_record_bytes=group_max_record_bytes, store_refused=store_refused,
+            group_max_count=group_max_count)
         self.offset_store = OffsetMetadataManager()
         #: The earliest membership deadline ahead as of the last :meth:`tick` (None: nothing due).
         self.next_timer_ms: int | None = None

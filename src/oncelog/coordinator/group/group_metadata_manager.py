@@ -82,15 +82,25 @@ class GroupMetadataManager:
                  group_max_session_timeout_ms: int = 1_800_000,
                  group_initial_rebalance_delay_ms: int = 3000,
                  group_max_record_bytes: int = DEFAULT_GROUP_MAX_RECORD_BYTES,
-                 store_refused: Callable[[str, int], bool] = lambda group_id, size: False) -> None:
+                 store_refused: Callable[[str, int], bool] = lambda group_id, size: False,
+                 group_max_count: int = 2**63 - 1) -> None:
         """``group_max_record_bytes``: the most a group's record may take with its assignment (the
         offsets topic's ``max.message.bytes`` in Kafka); a leader's SyncGroup past it is refused.
+
+        ``group_max_count``: the most groups kept. A request that would make one more (a JoinGroup,
+        or an offset commit, for a group not known) gets COORDINATOR_NOT_AVAILABLE, retriable,
+        while the groups known are at it: a client committing to group after group cannot grow the
+        coordinator for the week offsets are kept, and no known group's offsets are ever dropped
+        for room (unlike producer state, a group's offsets are a consumer's position). Room comes
+        back as groups are deleted or expire. Replay never refuses.
 
         ``store_refused(group_id, size)``: whether a record of ``size`` bytes for the group may not be
         stored now (the server's: it would eat into ``log_dir_min_free_bytes``); a leader's SyncGroup
         whose record it refuses is answered NOT_COORDINATOR, as Kafka answers a storage error."""
         self.clock = clock
         self.max_record_bytes = group_max_record_bytes
+        self.max_groups = group_max_count
+        self.groups_refused = 0  # requests refused for want of room for a new group, since start
         self.store_refused = store_refused
         self.min_session_ms = group_min_session_timeout_ms
         self.max_session_ms = group_max_session_timeout_ms
@@ -148,6 +158,8 @@ class GroupMetadataManager:
         if g is None:
             if member_id:
                 return respond(JoinResult(ErrorCode.unknown_member_id, member_id=member_id))
+            if self.no_room_for_a_group():
+                return respond(JoinResult(ErrorCode.coordinator_not_available, member_id=member_id))
             g = GroupMetadata(group_id, state_timestamp_ms=now)
             if not g.supports(protocol_type, protocols):
                 return respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id=member_id))
@@ -507,12 +519,20 @@ class GroupMetadataManager:
         return min(upcoming, default=None)
 
     # --- questions the offsets side asks ------------------------------------------------------------
+    def no_room_for_a_group(self) -> bool:
+        """True (and counted) if a request may not make a new group now: ``group_max_count`` known."""
+        if len(self.groups) < self.max_groups:
+            return False
+        self.groups_refused += 1
+        return True
+
     def validate_offset_commit(self, group_id: str, generation_id: int, member_id: str,
                                group_instance_id: str | None, transactional: bool) -> ErrorCode:
         """May this (Txn)OffsetCommit write offsets for the group? Kafka's validateOffsetCommit:
 
         - a missing group: generation < 0 commits as a "simple" group (the replay of the offsets
-          creates it), a generation >= 0 is ILLEGAL_GENERATION (OffsetCommit < v9);
+          creates it; COORDINATOR_NOT_AVAILABLE if ``group_max_count`` groups are known), a
+          generation >= 0 is ILLEGAL_GENERATION (OffsetCommit < v9);
         - generation < 0 on an Empty group: accepted whatever the member id (admin tools, consumers
           outside group management, a transactional producer holding a departed consumer's metadata);
         - a generation >= 0, a member id or an instance id: ``validate_member``, then the generation;
@@ -522,7 +542,9 @@ class GroupMetadataManager:
         """
         g = self.groups.get(group_id)
         if g is None:
-            return ErrorCode.none if generation_id < 0 else ErrorCode.illegal_generation
+            if generation_id >= 0:
+                return ErrorCode.illegal_generation
+            return ErrorCode.coordinator_not_available if self.no_room_for_a_group() else ErrorCode.none
         if generation_id < 0 and g.state is G.EMPTY:
             return ErrorCode.none
         if generation_id >= 0 or member_id or group_instance_id:

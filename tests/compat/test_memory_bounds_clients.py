@@ -129,3 +129,60 @@ def test_an_idle_transactional_id_expired_early_by_a_stranger_costs_its_owner_on
         p.commit_transaction(10)
         values = [m.value() for m in consume_all(broker.bootstrap, "t", 1, 2, **{"isolation.level": "read_committed"})]
         assert values == [b"one", b"three"]
+
+
+def test_past_group_max_count_a_new_consumer_group_waits_and_a_known_one_carries_on(tmp_path: Path) -> None:
+    """``group_max_count``: a stranger's offset commits to new groups fill the bound, and are refused
+    past it (COORDINATOR_NOT_AVAILABLE). A consumer group known before keeps committing; a new
+    librdkafka consumer group waits (it retries, reporting nothing) until a deletion makes room,
+    then joins and reads everything."""
+    from confluent_kafka import Consumer
+    from confluent_kafka.admin import AdminClient
+
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text("group_max_count = 5\n")
+    with oncelog_broker(tmp_path / "d", "--config", str(cfg), log_path=tmp_path / "broker.log") as broker:
+        broker.start()
+        create_topic(broker.bootstrap, "t", 1)
+        p = Producer({"bootstrap.servers": broker.bootstrap})
+        for i in range(10):
+            p.produce("t", value=b"v%d" % i)
+        assert p.flush(10) == 0
+
+        def consumer(group: str) -> Consumer:
+            c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                          "enable.auto.commit": False, "session.timeout.ms": 6000})
+            c.subscribe(["t"])
+            return c
+
+        def read(c: Consumer, n: int, seconds: float) -> list[bytes]:
+            got: list[bytes] = []
+            deadline = time.monotonic() + seconds
+            while len(got) < n and time.monotonic() < deadline:
+                m = c.poll(0.2)
+                if m is not None and not m.error():
+                    got.append(m.value())
+            return got
+
+        known = consumer("known")
+        assert len(read(known, 5, 20)) == 5
+        known.commit(asynchronous=False)
+        codes = []
+        with RawClient(broker.bootstrap) as c:
+            for i in range(8):
+                resp = c.request(8, (2, 8), {"group_id": f"stranger-{i}", "generation_id_or_member_epoch": -1,
+                                             "member_id": "", "group_instance_id": None, "retention_time_ms": -1,
+                                             "topics": [{"name": "t", "partitions": [
+                                                 {"partition_index": 0, "committed_offset": 0,
+                                                  "committed_leader_epoch": -1, "committed_metadata": ""}]}]})
+                codes.append(resp.topics[0].partitions[0].error_code)
+        assert codes == [0, 0, 0, 0] + [15] * 4  # 'known' and four strangers: five groups
+        assert len(read(known, 5, 20)) == 5  # a known group carries on
+        known.commit(asynchronous=False)
+        newcomer = consumer("newcomer")
+        assert read(newcomer, 1, 4) == []  # no room for its group: it waits
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.delete_consumer_groups(["stranger-0"])["stranger-0"].result(10)
+        assert read(newcomer, 10, 30) == [b"v%d" % i for i in range(10)]
+        newcomer.close()
+        known.close()
