@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -44,7 +43,7 @@ from oncelog.server.internal_log import encode_batch, encoded_bytes, read_all
 from oncelog.storage import fileio
 from oncelog.storage.errors import DiskFullError, ProducerStateError
 from oncelog.storage.partition_log import AppendOrigin
-from oncelog.storage.refusals import storage_refused
+from oncelog.storage.refusals import once_a_minute, storage_refused
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
@@ -77,7 +76,6 @@ def _loop_running() -> bool:
 class Coordination:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self._bound_logged: dict[str, float] = {}  # time.monotonic() of each bound's last warning
         cfg = broker.config
         logs = broker.logs
         for name, n in ((TRANSACTION_STATE_TOPIC, cfg.transaction_state_log_num_partitions),
@@ -593,31 +591,22 @@ class Coordination:
                      plog.name, len(records), start, plog.log_start_offset, before, plog.size_in_bytes)
         return done
 
-    def _warn_once_a_minute(self, kind: str, message: str, *args: object) -> bool:
-        """Log a bound's warning unless one of ``kind`` was logged in the last minute; True if logged."""
-        now = time.monotonic()
-        if now - self._bound_logged.get(kind, -60.0) < 60:
-            return False
-        self._bound_logged[kind] = now
-        log.warning(message, *args)
-        return True
-
     def expire_transactions(self) -> None:
         """The timeout scan (a timer): abort each transaction open past its timeout, tombstone each
         expired transactional id. In the broker (an event loop running) each step runs as a
         client's does, off the loop (:meth:`start_step`), so a scan that aborts many transactions
         never holds the loop in their fsyncs; called outside a loop (tests that drive the
-        coordinator directly) the steps run here, fsyncs included."""
+        coordinator directly) the steps run here, fsyncs included. This timer also reports, once a
+        minute at most, what the bounds on transactional ids and groups did since."""
         before = self.txn.expired_early
         steps = self.txn.expire_steps(self.broker.clock.now_ms())
         if self.txn.expired_early > before:
-            self._warn_once_a_minute(
-                "txn", "%d idle transactional id(s) expired early to keep transactional_id_max_entries (%d); "
-                "%d since start", self.txn.expired_early - before, self.txn.transactional_id_max_entries,
-                self.txn.expired_early)
+            once_a_minute("transactional ids", log, "%d idle transactional id(s) expired early to keep "
+                          "transactional_id_max_entries (%d); %d since start", self.txn.expired_early - before,
+                          self.txn.transactional_id_max_entries, self.txn.expired_early)
         refused = self.groups.membership.groups_refused  # the group bound's refusals, reported on this timer
-        if refused > self._groups_refused_reported and self._warn_once_a_minute(
-                "groups", "%d request(s) for new groups refused with COORDINATOR_NOT_AVAILABLE: %d groups are "
+        if refused > self._groups_refused_reported and once_a_minute(
+                "groups", log, "%d request(s) for new groups refused with COORDINATOR_NOT_AVAILABLE: %d groups are "
                 "kept (group_max_count)", refused - self._groups_refused_reported, len(self.groups.groups)):
             self._groups_refused_reported = refused
         if not _loop_running():
