@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from oncelog.storage.fsync_ring import open_ring
 from oncelog.testing.broker_process import create_topic, oncelog_broker
+
+_ring = open_ring()
+open_ring_here = _ring is not None
+if _ring is not None:
+    _ring.close()
 
 
 def _consume(bootstrap: str, topic: str, partitions: int, expected: int) -> dict[tuple[int, int], bytes]:
@@ -25,8 +31,12 @@ def _consume(bootstrap: str, topic: str, partitions: int, expected: int) -> dict
     return got
 
 
-@pytest.mark.parametrize("flush_flag", [[], ["--flush-every-append"]], ids=["background-fsync", "fsync-each"])
+@pytest.mark.parametrize("flush_flag", [[], ["--flush-every-append"], ["--flush-every-append", "--no-fsync-io-uring"]],
+                         ids=["background-fsync", "fsync-each", "fsync-each-threads"])
 def test_acked_records_survive_sigkill_at_their_offsets(tmp_path: Path, flush_flag: list[str]) -> None:
+    """With fsync per append, the acknowledgements wait for fsyncs on an io_uring by default
+    (storage/fsync_ring.py), on sync threads with ``--no-fsync-io-uring``; the broker's log says
+    which."""
     broker = oncelog_broker(tmp_path / "data", *flush_flag, log_path=tmp_path / "broker.log").start()
     try:
         create_topic(broker.bootstrap, "dur", 2)
@@ -44,6 +54,10 @@ def test_acked_records_survive_sigkill_at_their_offsets(tmp_path: Path, flush_fl
                 p.poll(0)
         assert p.flush(20) == 0
         assert len(acked) == 2000
+        ring = open_ring_here and "--no-fsync-io-uring" not in flush_flag
+        said = (tmp_path / "broker.log").read_text()
+        assert ("fsyncs an answer waits for run on an io_uring" in said) == ring
+        assert ("fsyncs an answer waits for run on 4 threads" in said) == (not ring)
         broker.restart()  # SIGKILL, then start on the same data dir
         got = _consume(broker.bootstrap, "dur", 2, len(acked))
         assert got == acked

@@ -54,7 +54,10 @@ class GroupCommit:
     _want_sync = Broker._want_sync
     _schedule_fsyncs = Broker._schedule_fsyncs
     _start_fsyncs = Broker._start_fsyncs
+    _job_synced = Broker._job_synced
+    _ring_synced = Broker._ring_synced
     _synced = Broker._synced
+    _sync_ring = None
 
     def __init__(self, rng: random.Random, log: FakeLog) -> None:
         self._syncing: dict[str, Any] = {}

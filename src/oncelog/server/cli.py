@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flush-interval-ms", type=int, help="background fsync interval (default 1000)")
     p.add_argument("--flush-every-append", action="store_true", default=None,
                    help="fsync every append before acknowledging it")
+    p.add_argument("--fsync-io-uring", action=argparse.BooleanOptionalAction, default=None,
+                   help="fsyncs an answer waits for go to an io_uring where Linux allows it (default: on); "
+                        "off: to threads")
     p.add_argument("--segment-bytes", type=int, dest="log_segment_bytes")
     p.add_argument("--socket-request-max-bytes", type=int)
     p.add_argument("--transaction-abort-interval-ms", type=int,
@@ -46,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 _FLAG_KEYS = ("node_id", "auto_create_topics", "num_partitions", "flush_interval_ms", "flush_every_append",
-              "log_segment_bytes", "socket_request_max_bytes",
+              "fsync_io_uring", "log_segment_bytes", "socket_request_max_bytes",
               "transaction_abort_timed_out_transaction_cleanup_interval_ms", "transaction_max_timeout_ms",
               "group_initial_rebalance_delay_ms", "log_level")
 _SECURITY_FLAG_KEYS = ("sasl_enabled", "sasl_enabled_mechanisms", "tls_cert", "tls_key", "super_users",

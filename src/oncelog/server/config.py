@@ -57,6 +57,9 @@ class BrokerConfig:
     # flush_every_append every append is fsynced before it is acknowledged.
     flush_interval_ms: int = 1000
     flush_every_append: bool = False
+    # The fsyncs an answer waits for (flush_every_append, flush.messages=1, a transaction's steps) go
+    # to a Linux io_uring where the kernel allows it (storage/fsync_ring.py), else to sync threads.
+    fsync_io_uring: bool = True
     log_segment_bytes: int = 1024 * 1024 * 1024
     log_roll_ms: int = 7 * 24 * 3600 * 1000
     log_retention_ms: int = 7 * 24 * 3600 * 1000

@@ -23,6 +23,10 @@ import errno
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from oncelog.storage.fsync_ring import FsyncRing
 
 #: errno values of a write refused because the file system (or the user's quota) is full.
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -50,6 +54,16 @@ class FileSystem:
 
     def close(self, fd: int) -> None:
         os.close(fd)
+
+    def fsync_ring(self, max_workers: int) -> FsyncRing | None:
+        """An io_uring that fsyncs without a thread of ours (``fsync_ring.py``), or None where the
+        kernel or the machine has none. Its fsyncs do not pass through :meth:`fsync`, so a file
+        system that overrides :meth:`fsync` (a test's recording one) gets None: it sees every fsync."""
+        if type(self).fsync is not FileSystem.fsync:
+            return None
+        from oncelog.storage.fsync_ring import open_ring
+
+        return open_ring(max_workers=max_workers)
 
     def dup(self, fd: int) -> int:
         """A second descriptor of the same open file (a flush thread keeps the file open with it

@@ -1,0 +1,166 @@
+"""The group commit (``Broker.durable``) with its fsyncs on the io_uring (``storage/fsync_ring.py``).
+
+Invariants, as on the sync threads (test_group_commit.py): every caller returns once its log is
+synced below its offset; fsyncs are shared; a failure reaches every waiter of that log and takes it
+offline, and other logs carry on; every descriptor a job was given (duplicates, directories) is
+closed once it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oncelog.server.broker import Broker
+from oncelog.storage import fileio
+from oncelog.storage.fsync_ring import FsyncRing, open_ring
+
+ring_or_skip = open_ring()
+if ring_or_skip is not None:
+    ring_or_skip.close()
+pytestmark = pytest.mark.skipif(ring_or_skip is None, reason="this kernel or machine has no io_uring")
+
+
+
+class RingLog:
+    """The slice of PartitionLog the group commit uses, over a real file: ``plan_sync`` hands out a
+    duplicate of its descriptor (and its directory now and then, as after a roll)."""
+
+    reads_wait_for_fsync = False
+
+    def __init__(self, directory: Path, name: str, rng: random.Random, fail: bool = False) -> None:
+        self.name = name
+        self.topic, self.partition = name, 0
+        self.directory = directory
+        self.fd = os.open(directory / name, os.O_RDWR | os.O_CREAT, 0o644)
+        self.pipe = os.pipe() if fail else None
+        self.rng = rng
+        self.log_end = 0
+        self.synced_end = 0
+        self.planned: list[int] = []
+        self.offline: OSError | None = None
+
+    def append(self) -> int:
+        os.write(self.fd, b"r" * 100)
+        self.log_end += 1
+        return self.log_end
+
+    def plan_sync(self) -> tuple[int, list[int | Path]]:
+        fds: list[int | Path] = [os.dup(self.pipe[0] if self.pipe else self.fd)]
+        if self.rng.random() < 0.2:
+            fds.append(self.directory)
+        self.planned.append(self.log_end)
+        return self.log_end, fds
+
+    def mark_synced(self, end: int) -> None:
+        assert end >= self.synced_end
+        self.synced_end = end
+
+    def sync_failed(self, error: OSError) -> None:
+        self.offline = error
+        raise fileio.StorageOfflineError(f"{self.name} offline: {error}")
+
+
+class RingGroupCommit:
+    durable = Broker.durable
+    synced_future = Broker.synced_future
+    _want_sync = Broker._want_sync
+    _schedule_fsyncs = Broker._schedule_fsyncs
+    _start_fsyncs = Broker._start_fsyncs
+    _ring_synced = Broker._ring_synced
+    _job_synced = Broker._job_synced
+    _synced = Broker._synced
+    _open_sync_ring = Broker._open_sync_ring
+    _ring_completed = Broker._ring_completed
+    _close_sync_ring = Broker._close_sync_ring
+
+    def __init__(self) -> None:
+        self._syncing: dict[str, Any] = {}
+        self._wanted: dict[str, Any] = {}
+        self._fsyncs_scheduled = False
+        self._sync_ring: FsyncRing | None = None
+        self._sync_executor = None  # the ring must take every job
+        self.failed: list[BaseException] = []
+
+    def storage_failed(self, exc: BaseException) -> None:
+        self.failed.append(exc)
+
+    def notify_append(self, tp: tuple[str, int]) -> None:
+        pass
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_many_producers_on_the_ring_return_synced_share_fsyncs_and_leak_no_descriptor(
+        tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    logs = [RingLog(tmp_path, f"log{i}", rng) for i in range(3)]
+    gc = RingGroupCommit()
+    before = _open_fds()
+
+    async def producer(k: int) -> None:
+        for _ in range(20):
+            plog = logs[rng.randrange(3)]
+            offset = plog.append()
+            await gc.durable(plog, offset)
+            assert plog.synced_end >= offset
+            if rng.random() < 0.3:
+                await asyncio.sleep(0)
+
+    async def main() -> None:
+        gc._open_sync_ring(asyncio.get_running_loop())
+        assert gc._sync_ring is not None
+        await asyncio.wait_for(asyncio.gather(*(producer(k) for k in range(30))), 30)
+        gc._close_sync_ring()
+
+    asyncio.run(main())
+    planned = sum(len(plog.planned) for plog in logs)
+    assert planned < 600  # 600 appends, fewer fsync jobs: they are shared
+    assert all(plog.synced_end == plog.log_end for plog in logs)
+    assert _open_fds() == before  # every dup and directory descriptor was closed
+    assert gc.failed == []
+    for plog in logs:
+        os.close(plog.fd)
+
+
+def test_a_failed_fsync_on_the_ring_reaches_every_waiter_and_takes_the_log_offline(tmp_path: Path) -> None:
+    rng = random.Random(1)
+    bad = RingLog(tmp_path, "bad", rng, fail=True)
+    good = RingLog(tmp_path, "good", rng)
+    gc = RingGroupCommit()
+
+    async def main() -> list[Any]:
+        gc._open_sync_ring(asyncio.get_running_loop())
+
+        async def wait(plog: RingLog) -> Any:
+            offset = plog.append()
+            try:
+                await gc.durable(plog, offset)
+                return None
+            except BaseException as exc:
+                return exc
+
+        results = await asyncio.wait_for(asyncio.gather(*(wait(p) for p in [bad] * 5 + [good] * 5)), 30)
+        gc._close_sync_ring()
+        return results
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, fileio.StorageOfflineError) for r in results[:5])
+    assert results[5:] == [None] * 5
+    assert isinstance(bad.offline, OSError) and bad.offline.errno == errno.EINVAL
+    assert bad.synced_end == 0 and good.synced_end == good.log_end
+    assert len(gc.failed) >= 1
+    for plog in (bad, good):
+        os.close(plog.fd)
+    assert bad.pipe is not None
+    os.close(bad.pipe[0])
+    os.close(bad.pipe[1])
