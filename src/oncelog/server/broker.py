@@ -380,8 +380,8 @@ class Broker:
         """Return once ``plog`` is fsynced below ``offset`` (flush_every_append acknowledgements).
 
         Group commit: a log wanted (here, or earlier by ``sync_soon`` when the records were appended)
-        has its fsync started one pass of the event loop later (``_start_fsyncs``), on a sync thread,
-        never on the event loop; it plans the log's end then, so it covers every append made before,
+        has its fsync started one pass of the event loop later (``_start_fsyncs``), on the io_uring
+        or a sync thread, never on the event loop; it plans the log's end then, so it covers every append made before,
         of every producer. When it returns, the log's synced end is recorded, and only then are its
         waiters resumed. A log has at most one fsync running: one wanted meanwhile starts right after
         it. Different logs' fsyncs run side by side, so a slow one never holds another. Raises
