@@ -353,3 +353,52 @@ def test_every_new_producer_is_connected_before_its_first_record(broker: BrokerP
     assert len(producing) == (2 if guarantee is Guarantee.at_most_once else 1)
     for calls in producing:
         assert calls[:calls.index("produce")].count("topic-less metadata") == 2, calls
+
+
+def test_a_pooled_producer_whose_state_the_broker_dropped_starts_over_with_a_new_one(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker drops the pooled producer's state in its output partitions after the task's
+    progress record went into the transaction, before its output (here a stranger's new idempotent
+    producers push it out of a small ``producer_state_max_entries``; in Kafka the same happens to an
+    output partition left idle for ``producer.id.expiration.ms`` while the progress partition is
+    written every batch). The output then gets UNKNOWN_PRODUCER_ID, which librdkafka makes an
+    abortable error (KIP-360: the epoch must be bumped). The task aborts and starts over with a new
+    producer (init_transactions, progress read), as Spark's retry of the task would, instead of
+    failing: under a local master there is no retry, and the query stopped. Each batch's output
+    appears once."""
+    from confluent_kafka import Producer
+
+    from oncelog.spark import sink
+    from oncelog.testing.broker_process import oncelog_broker
+
+    (tmp_path / "broker.toml").write_text("producer_state_max_entries = 6\n")
+    with oncelog_broker(tmp_path / "data", "--config", str(tmp_path / "broker.toml"),
+                        log_path=tmp_path / "broker.log").start() as b:
+        bs = b.bootstrap
+        create_topic(bs, "out", 2)
+        create_topic(bs, "elsewhere", 8)
+        s = _settings(bs, Guarantee.exactly_once, reuse=True)
+        first = write_partition(_records("b0", 20), TaskIdentity("q-evict", 0, 0), s)
+        assert not first.reused_producer
+        real_produce = sink.Spool.produce
+        churned: list[bool] = []
+
+        def churn_then_produce(self: Any, producer: Any, default_topic: str | None) -> int:
+            if not churned:  # once: 24 new entries, more than the bound, while the transaction is open
+                churned.append(True)
+                for _ in range(3):
+                    stranger = Producer({"bootstrap.servers": bs, "enable.idempotence": True})
+                    for p in range(8):
+                        stranger.produce("elsewhere", b"x", partition=p)
+                    assert stranger.flush(10) == 0
+            return real_produce(self, producer, default_topic)
+
+        monkeypatch.setattr(sink.Spool, "produce", churn_then_produce)
+        second = write_partition(_records("b1", 20), TaskIdentity("q-evict", 1, 0), s)
+        assert churned and not second.skipped and second.rows == 20
+        assert not second.reused_producer  # it started over with a new one
+        third = write_partition(_records("b2", 20), TaskIdentity("q-evict", 2, 0), s)
+        assert third.reused_producer and not third.skipped  # the new producer went back to the pool
+        counts = Counter(v for _k, v in read_topic(bs, "out"))
+        for tag in (b"b0", b"b1", b"b2"):
+            assert sorted(c for v, c in counts.items() if v.startswith(tag + b"-")) == [1] * 20, tag

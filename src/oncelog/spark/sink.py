@@ -613,7 +613,19 @@ def _plain_producer(guarantee: Guarantee, settings: SinkSettings) -> tuple[Hasha
 
 
 class _StaleProducer(Exception):
-    """A pooled transactional producer was fenced while idle by a newer attempt of the same id."""
+    """A pooled transactional producer cannot serve this task: a newer attempt of the same id fenced
+    it while idle, or the broker no longer knows its state (its transaction failed with an
+    abortable error, and was aborted)."""
+
+
+def _abortable(exc: BaseException) -> bool:
+    """A librdkafka error after which the transaction must be aborted, the producer staying usable
+    (``txn_requires_abort``): among them UNKNOWN_PRODUCER_ID, with which a broker says it dropped
+    the producer's state in a partition (Kafka after ``producer.id.expiration.ms`` of silence
+    there, ours also past ``producer_state_max_entries``; KIP-360)."""
+    err = exc.args[0] if exc.args else None
+    requires_abort = getattr(err, "txn_requires_abort", None)
+    return bool(requires_abort()) if callable(requires_abort) else False
 
 
 def _first_input_timed(records: Iterable[OutRecord] | ArrowRecords,
@@ -755,14 +767,15 @@ _SIZED_MS: dict[Hashable, int] = {}
 
 def _with_pooled(pooled: PooledProducer, key: Hashable, rows: int, send: Callable[[Any], int], ident: TaskIdentity,
                  settings: SinkSettings, hooks: SinkHooks, phases: _Phases) -> SinkCommitMessage | None:
-    """The task's write with a producer from the pool; None when a newer attempt had fenced it
-    (found out before any output), and the task must start over with a new one."""
+    """The task's write with a producer from the pool; None when the task must start over with a
+    new one: a newer attempt had fenced it (found out before any output), or its transaction failed
+    with an abortable error and was aborted (``_abortable``)."""
     try:
         return _write_with_progress(pooled, True, key, rows, send, ident, settings, hooks, phases)
-    except _StaleProducer:
+    except _StaleProducer as exc:
         phases.lap("stale")
-        log.info("transactional id %s: the pooled producer was fenced by a newer attempt; starting over "
-                 "with a new one", pooled.tid)
+        log.info("transactional id %s: the pooled producer cannot serve this task (%s); starting over "
+                 "with a new one", pooled.tid, exc)
         return None
 
 
@@ -914,11 +927,16 @@ def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashabl
             producer.commit_transaction(settings.timeout_s)
             producer.poll(0)  # the progress record's delivery report: its offset
             phases.lap("commit")
-        except BaseException:
+        except BaseException as exc:
             try:
                 producer.abort_transaction(10)
             except Exception:  # fenced or broker gone: the coordinator aborts it (fencing/timeout)
                 pass
+            if reused and _abortable(exc):
+                # The state a pooled producer carries from its earlier transactions is what the
+                # broker dropped; nothing of this one is visible. A new producer starts over
+                # (init_transactions, progress read), as Spark's retry of the task would.
+                raise _StaleProducer(str(exc)) from exc
             raise
         pooled.last = Committed(ident.batch_id, rows)
         if snapshot_at >= 0:
