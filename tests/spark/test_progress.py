@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 from oncelog.spark.guarantees import Guarantee
 from oncelog.spark.progress import (
     SNAPSHOT_EVERY,
+    SNAPSHOT_KEY,
     Committed,
     ProgressLayoutError,
     ProgressLog,
@@ -133,6 +134,46 @@ def test_a_changed_partition_count_is_refused(broker: BrokerProcess) -> None:
     clear_cache()
     with pytest.raises(ProgressLayoutError, match=r"has 4 partitions but .* written with 2"):
         ProgressLog({"bootstrap.servers": bs}, "progress-layout", 4).read(0)
+
+
+def test_records_no_sink_wrote_are_skipped_with_a_warning_and_the_sink_carries_on(
+        broker: BrokerProcess, caplog: pytest.LogCaptureFixture) -> None:
+    """Anyone allowed to write to the progress topic (no ACLs: anyone) can put a record there that
+    is not a progress record: kcat aimed at the wrong topic, a stranger. Each such record is skipped
+    with a warning. Before, the reader's JSON error failed every task of every query sharing that
+    partition, for good. (A record shaped like a sink's is trusted: the topic is a trust boundary,
+    which ACLs guard.)"""
+    from confluent_kafka import Producer
+
+    bs = broker.bootstrap
+    create_topic(bs, "out", 1)
+    s = SinkSettings(client={"bootstrap.servers": bs}, guarantee=Guarantee.exactly_once, topic="out",
+                     progress_topic="progress-junk", progress_partitions=1, timeout_s=30)
+    s.progress().ensure_topic()
+    assert not write_partition([(None, b"b0", None, None, None)], TaskIdentity("q", 0, 0), s).skipped
+    key = progress_key(s.sink_id("q"), 0).encode()
+    junk = [(key, b"\xff\xfe not json"), (key, b"[1, 2]"), (key, b'{"batch_id": "9", "rows": 1}'),
+            (key, b'{"batch_id": 9, "rows": 1, "parts": "one"}'), (b"\xff\xfe", b"{}"), (key, b"null"),
+            (SNAPSHOT_KEY.encode(), b'{"upto": 5, "state": {"x": [1]}}'),
+            (SNAPSHOT_KEY.encode(), b'{"upto": "5", "state": {}}'), (SNAPSHOT_KEY.encode(), b"[]")]
+    p = Producer({"bootstrap.servers": bs})
+    for k, v in junk:
+        p.produce("progress-junk", key=k, value=v, partition=0)
+    assert p.flush(10) == 0
+    clear_cache()
+    with caplog.at_level(logging.WARNING, logger="oncelog.spark"):
+        log = ProgressLog({"bootstrap.servers": bs}, "progress-junk", 1)
+        state = log.read(0)
+    assert log.foreign_records == len(junk)
+    assert state.latest[progress_key(s.sink_id("q"), 0)] == Committed(0, 1)  # the sink's own record counts
+    assert caplog.text.count("is not a progress record") == 1  # once a read, not once a record
+    clear_cache()
+    replay = write_partition([(None, b"b0", None, None, None)], TaskIdentity("q", 0, 0), s)
+    assert replay.skipped and replay.reason == "replay"
+    assert not write_partition([(None, b"b1", None, None, None)], TaskIdentity("q", 1, 0), s).skipped
+    from oncelog.demo.faults import read_topic
+
+    assert sorted(v for _k, v in read_topic(bs, "out")) == [b"b0", b"b1"]
 
 
 def test_progress_values_are_json_with_the_partition_count() -> None:

@@ -127,6 +127,36 @@ def connect_error(bootstrap: str, timeout_s: float, exc: BaseException, option: 
                            f"(option {option}): {exc}")
 
 
+def _parse(raw_key: bytes | None, raw_value: bytes | None) -> tuple[str, dict[str, Any]] | None:
+    """A progress record's key and value as a sink writes them (``progress_value``,
+    ``snapshot_value``), or None for anything else: bytes that are not UTF-8 or JSON, a value that
+    is not an object, fields that are not integers where integers go. The reader skips such a
+    record: no sink wrote it, so it says nothing about any batch, and failing on it would stop
+    every query that shares the partition until someone deleted it."""
+    try:
+        key = (raw_key or b"").decode()
+        value = json.loads(raw_value or b"{}")
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(value, dict):
+        return None
+
+    def ints(*xs: object) -> bool:
+        return all(type(x) is int for x in xs)
+
+    if key == SNAPSHOT_KEY:
+        state, upto = value.get("state"), value.get("upto")
+        if not isinstance(state, dict) or not ints(upto):
+            return None
+        for entry in state.values():
+            if not (isinstance(entry, list) and len(entry) == 2 and ints(*entry)):
+                return None
+        return key, value
+    if not ints(value.get("batch_id", -1), value.get("rows", -1)) or not ints(value.get("parts", 0)):
+        return None
+    return key, value
+
+
 class ProgressLog:
     def __init__(self, conf: Mapping[str, Any], topic: str = DEFAULT_TOPIC,
                  partitions: int = DEFAULT_PARTITIONS, timeout_s: float = 120.0,
@@ -138,6 +168,7 @@ class ProgressLog:
         self.replication_factor = replication_factor
         #: records fetched by the last :meth:`read` (how far back it had to go)
         self.last_read_records = 0
+        self.foreign_records = 0  # records read that no sink wrote (``_parse``), skipped
 
     def partition_for(self, partition_id: int) -> int:
         return partition_id % self.partitions
@@ -225,6 +256,7 @@ class ProgressLog:
         reader_config = self._consumer_config("read_committed")
         reader = CONSUMERS.take(reader_config)
         self.last_read_records = 0
+        self.foreign_records = 0  # records read that no sink wrote (``_parse``), skipped
         try:
             if state is not None:
                 self._apply(reader, part, state, state.position, high)
@@ -264,22 +296,30 @@ class ProgressLog:
                                   what=f"progress partition {self.topic}-{part}"):
             self.last_read_records += len(msgs)
             for m in msgs:
-                key = (m.key() or b"").decode()
-                value = json.loads(m.value() or b"{}")
+                parsed = _parse(m.key(), m.value())
+                if parsed is None:
+                    self.foreign_records += 1
+                    if self.foreign_records == 1:  # once a read: a flood of them must not flood the log
+                        log.warning("progress topic %s: the record at %d/%d is not a progress record (written "
+                                    "by something other than an oncelog sink?): ignored, as are any more in "
+                                    "this read. Only the sinks' principal should be allowed to write there "
+                                    "(docs/design/spark-sink.md)", self.topic, part, m.offset())
+                    continue
+                key, value = parsed
                 if key == SNAPSHOT_KEY:
-                    for k, (batch, rows) in value.get("state", {}).items():
-                        state.merge(k, Committed(int(batch), int(rows)))
+                    for k, (batch, rows) in value["state"].items():
+                        state.merge(k, Committed(batch, rows))
                     if int(m.offset()) > state.snapshot_at:
                         state.snapshot_at = int(m.offset())
-                        upto = int(value["upto"])
+                        upto = value["upto"]
                     continue
                 parts = value.get("parts")
-                if parts is not None and int(parts) != self.partitions:
+                if parts is not None and parts != self.partitions:
                     raise ProgressLayoutError(
                         f"progress topic {self.topic} has {self.partitions} partitions but its record at "
                         f"{part}/{m.offset()} was written with {parts}: adding partitions moves keys away from "
                         "their history; restore the partition count or give the query a new progress.topic")
-                state.merge(key, Committed(int(value.get("batch_id", -1)), int(value.get("rows", -1))))
+                state.merge(key, Committed(value.get("batch_id", -1), value.get("rows", -1)))
         return upto
 
     def last_committed(self, key: str, partition_id: int) -> Committed | None:
