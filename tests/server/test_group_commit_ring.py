@@ -164,3 +164,53 @@ def test_a_failed_fsync_on_the_ring_reaches_every_waiter_and_takes_the_log_offli
     assert bad.pipe is not None
     os.close(bad.pipe[0])
     os.close(bad.pipe[1])
+
+
+def test_a_job_larger_than_the_ring_goes_to_the_threads(tmp_path: Path) -> None:
+    """A log with more segments to fsync than the ring holds (tiny segment.bytes, many appends since
+    its last fsync): its job runs on the sync threads. Handed to the ring it was refused, and the
+    log's waiters waited for good."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    class ManySegments(RingLog):
+        def plan_sync(self) -> tuple[int, list[int | Path]]:
+            self.planned.append(self.log_end)
+            return self.log_end, [os.dup(self.fd) for _ in range(300)]
+
+    plog = ManySegments(tmp_path, "many", random.Random(0))
+    gc = RingGroupCommit()
+    gc._sync_executor = ThreadPoolExecutor(2)  # type: ignore[assignment]
+    before = _open_fds()
+
+    async def main() -> None:
+        gc._open_sync_ring(asyncio.get_running_loop())
+        assert gc._sync_ring is not None and gc._sync_ring.capacity < 300
+        await asyncio.wait_for(gc.durable(plog, plog.append()), 10)
+        gc._close_sync_ring()
+
+    asyncio.run(main())
+    gc._sync_executor.shutdown()
+    assert plog.synced_end == plog.log_end and gc.failed == []
+    assert _open_fds() == before
+    os.close(plog.fd)
+
+
+def test_a_transaction_over_hundreds_of_segments_commits(broker: Any) -> None:
+    """The same through a broker process and librdkafka: 400 batches of one transaction, each in a
+    segment of its own (segment.bytes=100), leave 400 segments to fsync before the PrepareCommit.
+    With that job handed to the ring, the commit timed out."""
+    from confluent_kafka import Producer
+
+    from oncelog.demo.faults import read_topic
+    from oncelog.testing.broker_process import create_topic
+
+    create_topic(broker.bootstrap, "tiny", 1, {"segment.bytes": "100"})
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "tiny-segments", "linger.ms": 0})
+    p.init_transactions(10)
+    p.begin_transaction()
+    for i in range(400):
+        p.produce("tiny", b"v%d" % i, partition=0)
+        assert p.flush(10) == 0  # one batch each
+    p.commit_transaction(30)
+    assert len(list((broker.data_dir / "tiny-0").glob("*.log"))) > 300
+    assert [v for _k, v in read_topic(broker.bootstrap, "tiny")] == [b"v%d" % i for i in range(400)]

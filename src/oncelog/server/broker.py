@@ -469,7 +469,9 @@ class Broker:
                 fut.set_exception(exc)
                 continue
             self._syncing[name] = (end, fut)
-            if ring is not None:
+            # A job larger than the ring (a log with hundreds of segments written since its last
+            # fsync: tiny segment.bytes) goes to the threads.
+            if ring is not None and len(fds) <= ring.capacity:
                 try:
                     ring_fds = _open_dirs(fds)
                 except OSError as exc:  # a directory that cannot be opened cannot be fsynced either

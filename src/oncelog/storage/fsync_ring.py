@@ -158,6 +158,11 @@ class FsyncRing:
         return self._eventfd
 
     @property
+    def capacity(self) -> int:
+        """The most descriptors one job may have."""
+        return self._capacity
+
+    @property
     def in_flight(self) -> int:
         """Jobs not yet called back (submitted or waiting for room)."""
         return len(self._jobs) + len(self._waiting)
