@@ -161,3 +161,17 @@ def test_a_file_system_that_intercepts_fsync_gets_no_ring() -> None:
     real = fileio.FileSystem().fsync_ring(2)
     assert real is not None
     real.close()
+
+
+@pytest.mark.parametrize("refusal", [errno.EPERM, errno.ENOSYS, errno.EMFILE, errno.ENOMEM])
+def test_a_kernel_that_refuses_a_ring_gets_none_not_an_error(monkeypatch: pytest.MonkeyPatch, refusal: int) -> None:
+    """A container's seccomp filter (EPERM), a kernel without io_uring (ENOSYS), no descriptor or
+    memory left: the broker then uses its threads; it must not fail to start."""
+    from oncelog.storage import fsync_ring
+
+    def refuse(*_args: object) -> int:
+        raise OSError(refusal, os.strerror(refusal))
+
+    monkeypatch.setattr(fsync_ring, "_syscall", refuse)
+    assert open_ring() is None
+    assert fileio.FileSystem().fsync_ring(2) is None

@@ -381,8 +381,8 @@ class Broker:
 
         Group commit: a log wanted (here, or earlier by ``sync_soon`` when the records were appended)
         has its fsync started one pass of the event loop later (``_start_fsyncs``), on the io_uring
-        or a sync thread, never on the event loop; it plans the log's end then, so it covers every append made before,
-        of every producer. When it returns, the log's synced end is recorded, and only then are its
+        or a sync thread, never on the event loop; it plans the log's end then, so it covers every
+        append made before, of every producer. When it returns, the log's synced end is recorded, and only then are its
         waiters resumed. A log has at most one fsync running: one wanted meanwhile starts right after
         it. Different logs' fsyncs run side by side, so a slow one never holds another. Raises
         StorageOfflineError if the disk refuses (the log directory goes offline, the broker stops).

@@ -39,12 +39,15 @@ from __future__ import annotations
 import collections
 import ctypes
 import errno
+import logging
 import mmap
 import os
 import platform
 import struct
 import sys
 from collections.abc import Callable, Sequence
+
+log = logging.getLogger("oncelog.storage")
 
 SYS_IO_URING_SETUP, SYS_IO_URING_ENTER, SYS_IO_URING_REGISTER = 425, 426, 427  # the same on every arch
 IORING_OFF_SQ_RING, IORING_OFF_CQ_RING, IORING_OFF_SQES = 0, 0x8000000, 0x10000000
@@ -297,13 +300,13 @@ class FsyncRing:
 
 def open_ring(entries: int = 256, max_workers: int = 4) -> FsyncRing | None:
     """A ring, or None where this module does not run: not Linux, not x86-64 (see the module), or the
-    kernel refuses io_uring (too old, ``kernel.io_uring_disabled``, a seccomp filter such as a
-    container's default: ENOSYS or EPERM)."""
+    kernel refuses a ring (too old, ``kernel.io_uring_disabled``, a seccomp filter such as a
+    container's default: ENOSYS or EPERM; or no memory or descriptor for one). The ring is only a
+    faster way to the same fsyncs, so no refusal is an error: the caller uses its threads."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return None
     try:
         return FsyncRing(entries, max_workers)
     except OSError as exc:
-        if exc.errno in (errno.ENOSYS, errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENOMEM):
-            return None
-        raise
+        log.info("no io_uring: %s", exc)
+        return None
