@@ -20,6 +20,7 @@ import pytest
 from oncelog.server.broker import Broker
 from oncelog.storage import fileio
 from oncelog.storage.fsync_ring import FsyncRing, open_ring
+from tests.server.test_group_commit import GroupCommit
 
 ring_or_skip = open_ring()
 if ring_or_skip is not None:
@@ -67,15 +68,10 @@ class RingLog:
         raise fileio.StorageOfflineError(f"{self.name} offline: {error}")
 
 
-class RingGroupCommit:
-    durable = Broker.durable
-    synced_future = Broker.synced_future
-    _want_sync = Broker._want_sync
-    _schedule_fsyncs = Broker._schedule_fsyncs
-    _start_fsyncs = Broker._start_fsyncs
-    _ring_synced = Broker._ring_synced
-    _job_synced = Broker._job_synced
-    _synced = Broker._synced
+class RingGroupCommit(GroupCommit):
+    """test_group_commit's stand-in for the Broker, with the ring's methods, and no sync threads
+    unless a test gives it some: the ring must take every job."""
+
     _open_sync_ring = Broker._open_sync_ring
     _ring_completed = Broker._ring_completed
     _close_sync_ring = Broker._close_sync_ring
@@ -84,15 +80,9 @@ class RingGroupCommit:
         self._syncing: dict[str, Any] = {}
         self._wanted: dict[str, Any] = {}
         self._fsyncs_scheduled = False
-        self._sync_ring: FsyncRing | None = None
-        self._sync_executor = None  # the ring must take every job
+        self._sync_ring: FsyncRing | None = None  # type: ignore[assignment]
+        self._sync_executor = None  # type: ignore[assignment]
         self.failed: list[BaseException] = []
-
-    def storage_failed(self, exc: BaseException) -> None:
-        self.failed.append(exc)
-
-    def notify_append(self, tp: tuple[str, int]) -> None:
-        pass
 
 
 def _open_fds() -> int:
