@@ -378,7 +378,10 @@ def test_a_pooled_producer_whose_state_the_broker_dropped_starts_over_with_a_new
         create_topic(bs, "out", 2)
         create_topic(bs, "elsewhere", 8)
         s = _settings(bs, Guarantee.exactly_once, reuse=True)
-        first = write_partition(_records("b0", 20), TaskIdentity("q-evict", 0, 0), s)
+        def records(tag: str) -> list[Any]:  # all to partition 0: the partition whose state is dropped
+            return [(None, f"{tag}-{i}".encode(), None, 0, None) for i in range(20)]
+
+        first = write_partition(records("b0"), TaskIdentity("q-evict", 0, 0), s)
         assert not first.reused_producer
         real_produce = sink.Spool.produce
         churned: list[bool] = []
@@ -394,11 +397,61 @@ def test_a_pooled_producer_whose_state_the_broker_dropped_starts_over_with_a_new
             return real_produce(self, producer, default_topic)
 
         monkeypatch.setattr(sink.Spool, "produce", churn_then_produce)
-        second = write_partition(_records("b1", 20), TaskIdentity("q-evict", 1, 0), s)
+        second = write_partition(records("b1"), TaskIdentity("q-evict", 1, 0), s)
         assert churned and not second.skipped and second.rows == 20
         assert not second.reused_producer  # it started over with a new one
-        third = write_partition(_records("b2", 20), TaskIdentity("q-evict", 2, 0), s)
+        third = write_partition(records("b2"), TaskIdentity("q-evict", 2, 0), s)
         assert third.reused_producer and not third.skipped  # the new producer went back to the pool
         counts = Counter(v for _k, v in read_topic(bs, "out"))
         for tag in (b"b0", b"b1", b"b2"):
             assert sorted(c for v, c in counts.items() if v.startswith(tag + b"-")) == [1] * 20, tag
+
+
+@pytest.mark.parametrize("guarantee", [Guarantee.exactly_once, Guarantee.at_most_once])
+def test_a_new_producer_whose_transactional_id_expired_before_its_first_record_starts_over(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, guarantee: Guarantee) -> None:
+    """Between a new producer's init_transactions and its first record, the coordinator expires
+    its transactional id early: a stranger's new transactional ids pushed it past a small
+    ``transactional_id_max_entries`` (the same happens after ``transactional.id.expiration.ms``).
+    Its AddPartitionsToTxn then gets INVALID_PRODUCER_ID_MAPPING. The task starts over with another
+    new producer instead of failing (the query stopped under a local master; found by a pipeline
+    beside such a stranger), and the batch appears once. If the STALE_RESTARTS producers after the
+    first fail too, the task fails with the broker's error (Spark's retry then takes over)."""
+    from confluent_kafka import Producer
+
+    from oncelog.spark import sink
+    from oncelog.testing.broker_process import oncelog_broker
+
+    (tmp_path / "broker.toml").write_text("transactional_id_max_entries = 2\n")
+    with oncelog_broker(tmp_path / "data", "--config", str(tmp_path / "broker.toml"),
+                        "--transaction-abort-interval-ms", "100", log_path=tmp_path / "broker.log").start() as b:
+        bs = b.bootstrap
+        create_topic(bs, "out", 1)
+        s = _settings(bs, guarantee)
+        real_check = sink._check_replay
+        churns = [0]
+
+        def churn_then_check(*args: Any, **kwargs: Any) -> Any:
+            if churns[0] < churns_wanted:
+                churns[0] += 1
+                for i in range(4):  # newer ids than the task's: the scan expires the task's
+                    Producer({"bootstrap.servers": bs, "transactional.id": f"stranger-{churns[0]}-{i}"}
+                             ).init_transactions(10)
+                time.sleep(0.5)  # a timeout scan runs
+            return real_check(*args, **kwargs)
+
+        monkeypatch.setattr(sink, "_check_replay", churn_then_check)
+        churns_wanted = 1
+        msg = write_partition(_records("b0", 10), TaskIdentity("q-txnid", 0, 0), s)
+        assert churns[0] == 1 and not msg.skipped and msg.rows == 10
+        assert "stale" in msg.phases  # it did start over
+        churns[0], churns_wanted = 0, 1 + sink.STALE_RESTARTS
+        with pytest.raises(Exception, match=r"INVALID_PRODUCER_ID_MAPPING|_STATE"):
+            write_partition(_records("b1", 10), TaskIdentity("q-txnid", 1, 0), s)
+        assert churns[0] == 1 + sink.STALE_RESTARTS
+        churns_wanted = 0
+        again = write_partition(_records("b1", 10), TaskIdentity("q-txnid", 1, 0), s)  # Spark's retry
+        assert not again.skipped
+        counts = Counter(v for _k, v in read_topic(bs, "out"))
+        for tag in (b"b0", b"b1"):
+            assert sorted(c for v, c in counts.items() if v.startswith(tag + b"-")) == [1] * 10, tag

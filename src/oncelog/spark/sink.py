@@ -613,19 +613,31 @@ def _plain_producer(guarantee: Guarantee, settings: SinkSettings) -> tuple[Hasha
 
 
 class _StaleProducer(Exception):
-    """A pooled transactional producer cannot serve this task: a newer attempt of the same id fenced
-    it while idle, or the broker no longer knows its state (its transaction failed with an
-    abortable error, and was aborted)."""
+    """A transactional producer cannot serve this task: a newer attempt of the same id fenced it
+    while it sat in the pool, or its transaction failed with an error a new producer may not meet
+    (``_restartable``) and was aborted. The task starts over with a new producer."""
 
 
-def _abortable(exc: BaseException) -> bool:
-    """A librdkafka error after which the transaction must be aborted, the producer staying usable
-    (``txn_requires_abort``): among them UNKNOWN_PRODUCER_ID, with which a broker says it dropped
-    the producer's state in a partition (Kafka after ``producer.id.expiration.ms`` of silence
-    there, ours also past ``producer_state_max_entries``; KIP-360)."""
-    err = exc.args[0] if exc.args else None
-    requires_abort = getattr(err, "txn_requires_abort", None)
-    return bool(requires_abort()) if callable(requires_abort) else False
+#: How many new producers a task tries after the one it began with could not serve it (``_StaleProducer``).
+STALE_RESTARTS = 3
+
+
+def _restartable(exc: BaseException) -> bool:
+    """A librdkafka error inside a transaction after which a new producer may succeed: any that is
+    not fatal. Among them the broker's saying it forgot the producer: UNKNOWN_PRODUCER_ID (its
+    state in a partition dropped: Kafka after ``producer.id.expiration.ms`` of silence there, ours
+    also past ``producer_state_max_entries``; KIP-360) and INVALID_PRODUCER_ID_MAPPING (its
+    transactional id expired: after ``transactional.id.expiration.ms``, or early past
+    ``transactional_id_max_entries``). Starting over is what Spark's retry of the task does, and is
+    as safe: the new producer's init_transactions fences this one and aborts what it left open, and
+    its progress read decides whether the batch is written. A fatal error (fenced by a newer
+    attempt) is not restartable: that attempt carries the batch."""
+    from confluent_kafka import KafkaException
+
+    if not isinstance(exc, KafkaException) or not exc.args:
+        return False
+    fatal = getattr(exc.args[0], "fatal", None)
+    return callable(fatal) and not fatal()
 
 
 def _first_input_timed(records: Iterable[OutRecord] | ArrowRecords,
@@ -750,14 +762,40 @@ def write_partition(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIden
         if prep is not None:
             prep.finish(phases)
             if prep.error is None and prep.pooled.timeout_ms >= need_ms:
-                return _write_with_progress(prep.pooled, False, key, spool.rows, send, ident, settings,
-                                            hooks, phases, prep.state)
-            TXN_PRODUCERS.discard(prep.pooled)
-            if prep.error is not None and not isinstance(prep.error, _TimeoutRefused):
-                raise prep.error
+                try:
+                    return _write_with_progress(prep.pooled, False, key, spool.rows, send, ident, settings,
+                                                hooks, phases, prep.state)
+                except _StaleProducer as exc:
+                    _starting_over(prep.pooled, exc, phases)
+            else:
+                TXN_PRODUCERS.discard(prep.pooled)
+                if prep.error is not None and not isinstance(prep.error, _TimeoutRefused):
+                    raise prep.error
         # Sized for exactly this batch (as a guess refused by the broker, or too small, would not be).
-        return _write_with_progress(_new_txn_producer(settings, tid, need_ms), False, key, spool.rows,
-                                    send, ident, settings, hooks, phases)
+        return _with_new_producers(lambda: _new_txn_producer(settings, tid, need_ms), key, spool.rows, send,
+                                   ident, settings, hooks, phases)
+
+
+def _starting_over(pooled: PooledProducer, exc: _StaleProducer, phases: _Phases) -> None:
+    phases.lap("stale")
+    log.info("transactional id %s: the producer cannot serve this task (%s); starting over with a new one",
+             pooled.tid, exc)
+
+
+def _with_new_producers(make: Callable[[], PooledProducer], key: Hashable, rows: int, send: Callable[[Any], int],
+                        ident: TaskIdentity, settings: SinkSettings, hooks: SinkHooks,
+                        phases: _Phases) -> SinkCommitMessage:
+    """The task's write with a new producer, and with up to STALE_RESTARTS - 1 more if one cannot
+    serve it (``_StaleProducer``); then the last one's error fails the task."""
+    for attempt in range(STALE_RESTARTS):
+        pooled = make()
+        try:
+            return _write_with_progress(pooled, False, key, rows, send, ident, settings, hooks, phases)
+        except _StaleProducer as exc:
+            if attempt == STALE_RESTARTS - 1:
+                raise (exc.__cause__ or exc) from None
+            _starting_over(pooled, exc, phases)
+    raise AssertionError("unreachable")
 
 
 #: Per process: the transaction timeout a new producer of a transactional id is made with (twice
@@ -769,13 +807,11 @@ def _with_pooled(pooled: PooledProducer, key: Hashable, rows: int, send: Callabl
                  settings: SinkSettings, hooks: SinkHooks, phases: _Phases) -> SinkCommitMessage | None:
     """The task's write with a producer from the pool; None when the task must start over with a
     new one: a newer attempt had fenced it (found out before any output), or its transaction failed
-    with an abortable error and was aborted (``_abortable``)."""
+    with an error a new producer may not meet and was aborted (``_restartable``)."""
     try:
         return _write_with_progress(pooled, True, key, rows, send, ident, settings, hooks, phases)
     except _StaleProducer as exc:
-        phases.lap("stale")
-        log.info("transactional id %s: the pooled producer cannot serve this task (%s); starting over "
-                 "with a new one", pooled.tid, exc)
+        _starting_over(pooled, exc, phases)
         return None
 
 
@@ -932,10 +968,7 @@ def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashabl
                 producer.abort_transaction(10)
             except Exception:  # fenced or broker gone: the coordinator aborts it (fencing/timeout)
                 pass
-            if reused and _abortable(exc):
-                # The state a pooled producer carries from its earlier transactions is what the
-                # broker dropped; nothing of this one is visible. A new producer starts over
-                # (init_transactions, progress read), as Spark's retry of the task would.
+            if _restartable(exc):  # nothing of this transaction is visible: a new producer starts over
                 raise _StaleProducer(str(exc)) from exc
             raise
         pooled.last = Committed(ident.batch_id, rows)
@@ -1012,7 +1045,13 @@ def _write_at_most_once(records: Iterable[OutRecord] | ArrowRecords, ident: Task
     if prep.error is not None:
         TXN_PRODUCERS.discard(prep.pooled)
         raise prep.error
-    return _write_with_progress(prep.pooled, False, key, -1, send, ident, settings, hooks, phases, prep.state)
+    try:  # (the input is sent after the mark's transaction: a start-over has read nothing more)
+        return _write_with_progress(prep.pooled, False, key, -1, send, ident, settings, hooks, phases, prep.state)
+    except _StaleProducer as exc:
+        _starting_over(prep.pooled, exc, phases)
+    return _with_new_producers(
+        lambda: _new_txn_producer(settings, tid, settings.transaction_timeout_ms or BASE_TRANSACTION_TIMEOUT_MS),
+        key, -1, send, ident, settings, hooks, phases)
 
 
 def _write_at_least_once(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIdentity,
