@@ -64,7 +64,7 @@ def _open_dirs(fds: list[int | Path]) -> list[int]:
     try:
         for fd in fds:
             if isinstance(fd, Path):
-                fd = os.open(fd, os.O_RDONLY | os.O_DIRECTORY)
+                fd = fileio.fs.open_dir(fd)
                 opened.append(fd)
             out.append(fd)
     except OSError:

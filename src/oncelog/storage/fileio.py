@@ -132,8 +132,12 @@ class FileSystem:
     def rmtree(self, path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
+    def open_dir(self, path: Path) -> int:
+        """A descriptor of the directory ``path``, to fsync (the caller closes it)."""
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
     def fsync_dir(self, path: Path) -> None:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        fd = self.open_dir(path)
         try:
             self.fsync(fd)
         finally:
