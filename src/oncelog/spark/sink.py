@@ -762,15 +762,11 @@ def write_partition(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIden
         if prep is not None:
             prep.finish(phases)
             if prep.error is None and prep.pooled.timeout_ms >= need_ms:
-                try:
-                    return _write_with_progress(prep.pooled, False, key, spool.rows, send, ident, settings,
-                                                hooks, phases, prep.state)
-                except _StaleProducer as exc:
-                    _starting_over(prep.pooled, exc, phases)
-            else:
-                TXN_PRODUCERS.discard(prep.pooled)
-                if prep.error is not None and not isinstance(prep.error, _TimeoutRefused):
-                    raise prep.error
+                return _with_new_producers(lambda: _new_txn_producer(settings, tid, need_ms), key, spool.rows,
+                                           send, ident, settings, hooks, phases, prepared=prep)
+            TXN_PRODUCERS.discard(prep.pooled)
+            if prep.error is not None and not isinstance(prep.error, _TimeoutRefused):
+                raise prep.error
         # Sized for exactly this batch (as a guess refused by the broker, or too small, would not be).
         return _with_new_producers(lambda: _new_txn_producer(settings, tid, need_ms), key, spool.rows, send,
                                    ident, settings, hooks, phases)
@@ -783,16 +779,22 @@ def _starting_over(pooled: PooledProducer, exc: _StaleProducer, phases: _Phases)
 
 
 def _with_new_producers(make: Callable[[], PooledProducer], key: Hashable, rows: int, send: Callable[[Any], int],
-                        ident: TaskIdentity, settings: SinkSettings, hooks: SinkHooks,
-                        phases: _Phases) -> SinkCommitMessage:
-    """The task's write with a new producer, and with up to STALE_RESTARTS - 1 more if one cannot
-    serve it (``_StaleProducer``); then the last one's error fails the task."""
-    for attempt in range(STALE_RESTARTS):
-        pooled = make()
+                        ident: TaskIdentity, settings: SinkSettings, hooks: SinkHooks, phases: _Phases,
+                        prepared: _Preparation | None = None) -> SinkCommitMessage:
+    """The task's write with ``prepared``'s producer (made, and its progress read, beside the task's
+    input) if given, else with ``make()``'s; then, while one cannot serve it (``_StaleProducer``),
+    with up to STALE_RESTARTS more from ``make`` (STALE_RESTARTS in all without ``prepared``). The
+    last one's error then fails the task."""
+    tries = STALE_RESTARTS + (prepared is not None)
+    for attempt in range(tries):
+        if attempt == 0 and prepared is not None:
+            pooled, state = prepared.pooled, prepared.state
+        else:
+            pooled, state = make(), None
         try:
-            return _write_with_progress(pooled, False, key, rows, send, ident, settings, hooks, phases)
+            return _write_with_progress(pooled, False, key, rows, send, ident, settings, hooks, phases, state)
         except _StaleProducer as exc:
-            if attempt == STALE_RESTARTS - 1:
+            if attempt == tries - 1:
                 raise (exc.__cause__ or exc) from None
             _starting_over(pooled, exc, phases)
     raise AssertionError("unreachable")
@@ -1045,13 +1047,10 @@ def _write_at_most_once(records: Iterable[OutRecord] | ArrowRecords, ident: Task
     if prep.error is not None:
         TXN_PRODUCERS.discard(prep.pooled)
         raise prep.error
-    try:  # (the input is sent after the mark's transaction: a start-over has read nothing more)
-        return _write_with_progress(prep.pooled, False, key, -1, send, ident, settings, hooks, phases, prep.state)
-    except _StaleProducer as exc:
-        _starting_over(prep.pooled, exc, phases)
+    # (The input is sent after the mark's transaction: a start-over has read nothing more of it.)
     return _with_new_producers(
         lambda: _new_txn_producer(settings, tid, settings.transaction_timeout_ms or BASE_TRANSACTION_TIMEOUT_MS),
-        key, -1, send, ident, settings, hooks, phases)
+        key, -1, send, ident, settings, hooks, phases, prepared=prep)
 
 
 def _write_at_least_once(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIdentity,
