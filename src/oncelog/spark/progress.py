@@ -168,7 +168,8 @@ class ProgressLog:
         self.replication_factor = replication_factor
         #: records fetched by the last :meth:`read` (how far back it had to go)
         self.last_read_records = 0
-        self.foreign_records = 0  # records read that no sink wrote (``_parse``), skipped
+        #: records the last :meth:`read` skipped because no sink wrote them (``_parse``)
+        self.foreign_records = 0
 
     def partition_for(self, partition_id: int) -> int:
         return partition_id % self.partitions
@@ -256,7 +257,7 @@ class ProgressLog:
         reader_config = self._consumer_config("read_committed")
         reader = CONSUMERS.take(reader_config)
         self.last_read_records = 0
-        self.foreign_records = 0  # records read that no sink wrote (``_parse``), skipped
+        self.foreign_records = 0
         try:
             if state is not None:
                 self._apply(reader, part, state, state.position, high)
