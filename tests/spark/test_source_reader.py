@@ -127,3 +127,53 @@ def test_a_pooled_consumer_reads_each_range_exactly(broker: BrokerProcess) -> No
                for o in b.column("offset").to_pylist()]
         assert got == list(range(start, end)), (part, start, end)
     assert CONSUMERS.created == created + 1, "one consumer, lent to every range"
+
+
+def test_records_deleted_between_planning_and_reading(broker: BrokerProcess, caplog: pytest.LogCaptureFixture) -> None:
+    """A lagging query plans a range; retention (here DeleteRecords) removes its first records before
+    an executor reads it. Under failOnDataLoss=true (the default) the read fails and says what to
+    do; under false it skips what is gone with a warning and reads the rest, as Spark's Kafka source
+    does. (The reader used to fail either way with librdkafka's bare _AUTO_OFFSET_RESET, so a query
+    that asked to skip lost data failed anyway.) The batch reader takes the option too."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from oncelog.spark.ranges import RecordsLost
+    from oncelog.spark.source import KafkaBatchReader
+
+    bs = broker.bootstrap
+    create_topic(bs, "aged", 1)
+    p = Producer({"bootstrap.servers": bs})
+    for i in range(100):
+        p.produce("aged", value=b"v%d" % i, partition=0)
+    assert p.flush(15) == 0
+    opts = {"kafka.bootstrap.servers": bs, "subscribe": "aged", "startingOffsets": "earliest"}
+    strict, lenient = KafkaStreamReader(opts), KafkaStreamReader({**opts, "failOnDataLoss": "false"})
+    batch = KafkaBatchReader({**opts, "failOnDataLoss": "false"})
+    start = {"aged": {"0": 0}}
+    end = strict.latestOffset(start, ReadAllAvailable())
+    assert end == {"aged": {"0": 100}}
+    planned = {name: r.partitions(start, end) for name, r in (("strict", strict), ("lenient", lenient))}
+    planned["batch"] = batch.partitions()
+    planned["gone"] = lenient.partitions({"aged": {"0": 10}}, {"aged": {"0": 40}})
+    admin = AdminClient({"bootstrap.servers": bs})  # kept: its futures end with it
+    for f in admin.delete_records([TopicPartition("aged", 0, 50)]).values():
+        f.result(15)
+
+    def offsets(reader: object, parts: list) -> list[int]:
+        return [o for part in parts for b in reader.read(part) for o in b.column("offset").to_pylist()]  # type: ignore[attr-defined]
+
+    with pytest.raises(RecordsLost, match=r"offset 0 is out of range \(the log now holds \[50, 100\)\).*"
+                                          r"set the source option 'failOnDataLoss' to 'false'"):
+        offsets(strict, planned["strict"])
+    caplog.set_level("WARNING", logger="oncelog.spark")
+    assert offsets(lenient, planned["lenient"]) == list(range(50, 100))
+    assert "records [0, 50) are skipped (failOnDataLoss=false)" in caplog.text
+    assert offsets(batch, planned["batch"]) == list(range(50, 100))
+    assert offsets(lenient, planned["gone"]) == [], "nothing of [10, 40) is left"
+    assert "records [10, 40) are skipped" in caplog.text
+    # Planned after the deletion, the strict reader fails at planning with the same advice.
+    with pytest.raises(RuntimeError, match="data loss on aged-0: next offset 0 is outside"):
+        strict.partitions(start, end)
+    for r in (strict, lenient):
+        r.stop()

@@ -12,12 +12,28 @@ it progresses.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 #: The longest ``know_topic`` waits for a topic's metadata before assigning anyway.
 METADATA_TIMEOUT_S = 10.0
+
+log = logging.getLogger("oncelog.spark")
+
+
+class RecordsLost(RuntimeError):
+    """The log no longer holds an offset a read asked for: its records were deleted (retention,
+    DeleteRecords) or its topic was deleted and made again, after the range was planned.
+    ``available`` is the partition's ``(log start, high watermark)`` when the broker told it."""
+
+    def __init__(self, what: str, offset: int, available: tuple[int, int] | None, advice: str = "") -> None:
+        have = f"the log now holds [{available[0]}, {available[1]})" if available else "the log no longer holds it"
+        super().__init__(f"reading {what}: offset {offset} is out of range ({have}): its records were deleted "
+                         "(retention, DeleteRecords, or the topic deleted and made again) before they were read"
+                         + (f". {advice}" if advice else ""))
+        self.what, self.offset, self.available = what, offset, available
 
 
 def know_topic(consumer: Any, topic: str, timeout_s: float) -> None:
@@ -46,13 +62,19 @@ def know_topic(consumer: Any, topic: str, timeout_s: float) -> None:
 
 def consume_range(consumer: Any, topic: str, partition: int, start: int, end: int, timeout_s: float,
                   max_messages: int, poll_timeout_s: float = 0.2, what: str = "",
-                  clock: Callable[[], float] = time.monotonic) -> Iterator[list[Any]]:
+                  clock: Callable[[], float] = time.monotonic, skip_lost: bool = False) -> Iterator[list[Any]]:
     """Yield lists of the delivered messages of ``[start, end)``, in offset order.
 
-    ``consumer`` is a confluent-kafka Consumer with ``enable.partition.eof`` on; this assigns it to
-    ``topic``/``partition`` at ``start``. Raises TimeoutError if the position stays at one offset
-    below ``end`` for ``timeout_s`` (a broker that lost data, or an open transaction holding the
-    LSO below a planned end), RuntimeError on a consumer error.
+    ``consumer`` is a confluent-kafka Consumer with ``enable.partition.eof`` on and
+    ``auto.offset.reset=error``; this assigns it to ``topic``/``partition`` at ``start``. Raises
+    TimeoutError if the position stays at one offset below ``end`` for ``timeout_s`` (a broker that
+    lost data, or an open transaction holding the LSO below a planned end), RuntimeError on a
+    consumer error.
+
+    Records of the range the log no longer holds (deleted after the range was planned) raise
+    :class:`RecordsLost`; with ``skip_lost`` they are skipped with a warning instead, as Spark's
+    Kafka source does under ``failOnDataLoss=false``: the read goes on from the log's start, or
+    ends when nothing of the range is left (the range and the log's offsets no longer overlap).
     """
     from confluent_kafka import KafkaError, Message, TopicPartition
 
@@ -63,7 +85,8 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
     consumer.assign([TopicPartition(topic, partition, start)])
     position = start
     last_move = clock()
-    while position < end:
+    lost_the_rest = False
+    while position < end and not lost_the_rest:
         if clock() - last_move > timeout_s:
             raise TimeoutError(f"reading {what}: stuck at offset {position} below {end} for {timeout_s:g}s")
         before = position
@@ -85,6 +108,15 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
                     if err.code() == KafkaError._PARTITION_EOF:
                         position = max(position, m.offset() or 0)
                         continue
+                    if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                        available = _available(consumer, topic, partition)
+                        resume = _past_lost(position, end, what, skip_lost, available)
+                        if resume is None:
+                            lost_the_rest = True
+                        else:
+                            position = resume
+                            consumer.assign([TopicPartition(topic, partition, position)])
+                        break  # the consumer fetches nothing more of the partition until it is assigned again
                     raise RuntimeError(f"reading {what}: {err}")
                 off = int(m.offset() or 0)
                 position = max(position, off + 1)
@@ -99,3 +131,38 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
                 position = max(position, pos)
         if position > before:
             last_move = clock()
+
+
+def _available(consumer: Any, topic: str, partition: int) -> tuple[int, int] | None:
+    """The partition's ``(log start, high watermark)`` as the broker says it now, or None."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=METADATA_TIMEOUT_S,
+                                                   cached=False)
+    except KafkaException:
+        return None
+    return int(low), int(high)
+
+
+def _past_lost(position: int, end: int, what: str, skip_lost: bool, available: tuple[int, int] | None) -> int | None:
+    """Where a read goes on once the log no longer holds ``position`` (``available`` is what it
+    holds): raises :class:`RecordsLost` unless ``skip_lost``; else the offset to read from (the
+    log's start, or ``position`` itself if the log holds it again: a topic made again and refilled),
+    or None when nothing of ``[position, end)`` is left. The three cases and their warnings are
+    Spark's (``KafkaDataConsumer.getEarliestAvailableOffsetBetween``)."""
+    if not skip_lost or available is None:
+        raise RecordsLost(what, position, available)
+    low, high = available
+    if position >= high or low >= end:
+        log.warning("reading %s: offset %d is out of range and the log now holds [%d, %d): records [%d, %d) "
+                    "are skipped (failOnDataLoss=false); some data may have been lost", what, position, low, high,
+                    position, end)
+        return None
+    if position >= low:
+        log.warning("reading %s: offset %d was out of range and is back (the topic made again?); some data may "
+                    "have been lost (failOnDataLoss=false)", what, position)
+        return position
+    log.warning("reading %s: offset %d is out of range and the log now starts at %d: records [%d, %d) are "
+                "skipped (failOnDataLoss=false); some data may have been lost", what, position, low, position, low)
+    return low

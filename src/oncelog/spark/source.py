@@ -49,7 +49,7 @@ from oncelog.spark.options import (
     parse_offsets_spec,
     parse_partition_json,
 )
-from oncelog.spark.ranges import consume_range
+from oncelog.spark.ranges import RecordsLost, consume_range
 
 log = logging.getLogger("oncelog.spark")
 
@@ -149,13 +149,25 @@ def arrow_timestamp_type(kafka_type: int) -> int:
     return 1 if kafka_type == 2 else 0
 
 
+#: Spark's advice to a query that failed on deleted records (its ``INSTRUCTION_FOR_FAIL_ON_DATA_LOSS_TRUE``).
+FAIL_ON_DATA_LOSS_ADVICE = ("Some data may have been lost because it is no longer available in Kafka: it was aged "
+                            "out, or the topic was deleted before all its data was processed. If you don't want "
+                            "your query to fail in such cases, set the source option 'failOnDataLoss' to 'false'.")
+
+
 def read_range(conf: Mapping[str, Any], rng: OffsetRange, include_headers: bool, timeout_s: float,
-               batch_rows: int = ARROW_BATCH_ROWS, group_id: str | None = None) -> Iterator[Any]:
+               batch_rows: int = ARROW_BATCH_ROWS, group_id: str | None = None,
+               fail_on_data_loss: bool = True) -> Iterator[Any]:
     """Yield pyarrow RecordBatches holding exactly the deliverable records of ``rng``.
 
     Raises TimeoutError if the consumer's position stops moving below ``rng.end`` for ``timeout_s``
     (it stalls only if the broker lost data or an open transaction moved the LSO below a planned
     end, which a correct broker never does); a long range that keeps moving never times out.
+
+    Records of ``rng`` deleted after it was planned (retention or DeleteRecords racing a query
+    that lags) fail the read with Spark's advice (:class:`~oncelog.spark.ranges.RecordsLost`),
+    or, with ``fail_on_data_loss`` off (``failOnDataLoss=false``), are skipped with a warning, as
+    Spark's Kafka source does.
 
     The consumer comes from this process's pool (:data:`CONSUMERS`) and goes back to it only when
     the range was read to its end; ``assign()`` of the next range resets its position, and records
@@ -174,12 +186,15 @@ def read_range(conf: Mapping[str, Any], rng: OffsetRange, include_headers: bool,
     pending: list[Any] = []
     done = False
     try:
-        for msgs in consume_range(consumer, rng.topic, rng.partition, rng.start, rng.end, timeout_s, batch_rows,
-                                  what=str(rng)):
-            pending.extend(msgs)
-            if len(pending) >= batch_rows:
-                yield _arrow_batch(pa, schema, rng, pending, include_headers)
-                pending = []
+        try:
+            for msgs in consume_range(consumer, rng.topic, rng.partition, rng.start, rng.end, timeout_s, batch_rows,
+                                      what=str(rng), skip_lost=not fail_on_data_loss):
+                pending.extend(msgs)
+                if len(pending) >= batch_rows:
+                    yield _arrow_batch(pa, schema, rng, pending, include_headers)
+                    pending = []
+        except RecordsLost as exc:
+            raise RecordsLost(exc.what, exc.offset, exc.available, FAIL_ON_DATA_LOSS_ADVICE) from None
         if pending:
             yield _arrow_batch(pa, schema, rng, pending, include_headers)
         done = True
@@ -553,7 +568,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: Any) -> Iterator[Any]:
         return read_range(self.meta.conf, partition.rng, self.include_headers, self.meta.timeout_s,
-                          group_id=self.meta.executor_group)
+                          group_id=self.meta.executor_group, fail_on_data_loss=self.fail_on_data_loss)
 
     def commit(self, end: dict) -> None:
         if self.mirror_group:
@@ -593,6 +608,7 @@ class KafkaBatchReader(DataSourceReader):
         self.include_headers = get_bool(options, "includeHeaders", False)
         self.starting = OffsetSpec.parse(options, "starting", "earliest")
         self.ending = OffsetSpec.parse(options, "ending", "latest")
+        self.fail_on_data_loss = get_bool(options, "failOnDataLoss", True)
         self.strategy = (get_option(options, "startingOffsetsByTimestampStrategy", "error") or "error").lower()
         self.min_partitions = get_int(options, "minPartitions", None, minimum=1)
         if self.starting.kind == "latest" or self.ending.kind == "earliest":
@@ -615,4 +631,4 @@ class KafkaBatchReader(DataSourceReader):
 
     def read(self, partition: Any) -> Iterator[Any]:
         return read_range(self.meta.conf, partition.rng, self.include_headers, self.meta.timeout_s,
-                          group_id=self.meta.executor_group)
+                          group_id=self.meta.executor_group, fail_on_data_loss=self.fail_on_data_loss)
