@@ -177,3 +177,34 @@ def test_records_deleted_between_planning_and_reading(broker: BrokerProcess, cap
         strict.partitions(start, end)
     for r in (strict, lenient):
         r.stop()
+
+
+def test_a_deleted_input_topic_is_a_data_loss(broker: BrokerProcess, caplog: pytest.LogCaptureFixture) -> None:
+    """A topic the query reads (here through a pattern) is deleted with records it has not read: as
+    in Spark, the next batch's planning fails saying which partitions are gone, or, under
+    failOnDataLoss=false, warns and goes on with the rest. (Planning used to drop them silently.)"""
+    from confluent_kafka.admin import AdminClient
+
+    bs = broker.bootstrap
+    for t in ("gone-a", "gone-b"):
+        create_topic(bs, t, 2)
+    p = Producer({"bootstrap.servers": bs})
+    for i in range(20):
+        p.produce(("gone-a", "gone-b")[i % 2], value=b"v%d" % i, partition=i % 4 // 2)
+    assert p.flush(15) == 0
+    opts = {"kafka.bootstrap.servers": bs, "subscribePattern": "gone-.*", "startingOffsets": "earliest"}
+    strict, lenient = KafkaStreamReader(opts), KafkaStreamReader({**opts, "failOnDataLoss": "false"})
+    start = strict.initialOffset()
+    assert sorted(start) == ["gone-a", "gone-b"]
+    admin = AdminClient({"bootstrap.servers": bs})  # kept: its futures end with it
+    for f in admin.delete_topics(["gone-a"]).values():
+        f.result(15)
+    end = strict.latestOffset(start, ReadAllAvailable())
+    assert sorted(end) == ["gone-b"]
+    with pytest.raises(RuntimeError, match=r"partitions gone-a-0, gone-a-1 are gone .*'failOnDataLoss' to 'false'"):
+        strict.partitions(start, end)
+    caplog.set_level("WARNING", logger="oncelog.spark")
+    assert sorted(_values(lenient, start, end)) == sorted(b"v%d" % i for i in range(1, 20, 2))
+    assert "partitions gone-a-0, gone-a-1 are gone" in caplog.text
+    for r in (strict, lenient):
+        r.stop()

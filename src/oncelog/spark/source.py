@@ -458,6 +458,20 @@ def _check_data_loss(start: Offsets, marks: dict[str, dict[str, tuple[int, int]]
     return fixed
 
 
+def _report_gone(start: Offsets, end: Offsets, fail: bool) -> None:
+    """Partitions the batch starts from but no longer has an end for: their topic was deleted, with
+    records the query may not have read. As Spark's Kafka source
+    (``getOffsetRangesFromResolvedOffsets``): a data loss, so an error unless ``failOnDataLoss`` is
+    off, when a warning says it."""
+    gone = sorted(f"{t}-{p}" for t, ps in start.items() for p in ps if p not in end.get(t, {}))
+    if not gone:
+        return
+    message = f"partitions {', '.join(gone)} are gone (topic deleted?)"
+    if fail:
+        raise RuntimeError(f"{message}. {FAIL_ON_DATA_LOSS_ADVICE}")
+    log.warning("%s: some data may have been missed (failOnDataLoss=false)", message)
+
+
 try:  # pragma: no cover - exercised only with pyspark installed
     from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
     from pyspark.sql.streaming.datasource import (
@@ -562,6 +576,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {t: {p: hi for p, (_lo, hi) in ps.items()} for t, ps in marks.items()}
 
     def partitions(self, start: dict, end: dict) -> Sequence[Any]:
+        _report_gone(start, end, self.fail_on_data_loss)
         marks = self.meta.watermarks({t: [int(p) for p in ps] for t, ps in end.items()})
         start = _check_data_loss(start, marks, self.fail_on_data_loss)
         return [RangePartition(r) for r in split_ranges(plan_ranges(start, end), self.min_partitions)]
