@@ -92,16 +92,53 @@ def test_offset_spec_precedence_is_sparks() -> None:
     assert OffsetSpec.parse({}, "ending", "latest").kind == "latest"
 
 
+def _spans(ranges: list[OffsetRange]) -> list[tuple[int, int, int]]:
+    return [(r.partition, r.start, r.end) for r in ranges]
+
+
 def test_min_partitions_splits_like_sparks_range_calculator() -> None:
     ranges = [OffsetRange("t", 0, 0, 100), OffsetRange("t", 1, 50, 60), OffsetRange("t", 2, 7, 7)]
     assert split_ranges(ranges, None) == ranges[:2]
     assert split_ranges(ranges, 2) == ranges[:2], "enough ranges already"
     split = split_ranges(ranges, 5)
-    # 100 / 110 * 5 = 4.5 -> 5 parts of 20; 10 / 110 * 5 = 0.45 -> 1 part
-    assert split == [OffsetRange("t", 0, i * 20, i * 20 + 20) for i in range(5)] + [OffsetRange("t", 1, 50, 60)]
+    # 10 / 110 * 5 rounds to 0: partition 1 stays whole; the 4 parts left go to partition 0 alone.
+    assert split == [OffsetRange("t", 0, i * 25, i * 25 + 25) for i in range(4)] + [OffsetRange("t", 1, 50, 60)]
     assert split_ranges(ranges, 5) == split, "a pure function of the offsets: a replay splits the same way"
     uneven = split_ranges([OffsetRange("t", 0, 0, 10)], 3)
     assert [(r.start, r.end) for r in uneven] == [(0, 3), (3, 6), (6, 10)]
+
+
+def test_small_ranges_are_left_out_of_the_share_of_the_split_ones() -> None:
+    """SPARK-36576's cases: a range whose share would be one part stays whole, and the other ranges
+    divide what is left of minPartitions among themselves."""
+    got = split_ranges([OffsetRange("t", 0, 0, 500), OffsetRange("t", 1, 0, 12000), OffsetRange("t", 2, 0, 15001)], 6)
+    assert _spans(got) == [(0, 0, 500), (1, 0, 6000), (1, 6000, 12000), (2, 0, 5000), (2, 5000, 10000),
+                           (2, 10000, 15001)]
+    got = split_ranges([OffsetRange("t", 0, 0, 1), OffsetRange("t", 1, 0, 1), OffsetRange("t", 2, 0, 10000)], 6)
+    assert _spans(got) == [(0, 0, 1), (1, 0, 1), (2, 0, 2500), (2, 2500, 5000), (2, 5000, 7500), (2, 7500, 10000)]
+    got = split_ranges([OffsetRange("t", 0, 1, 2), OffsetRange("t", 1, 1, 1001)], 4)
+    assert _spans(got) == [(0, 1, 2), (1, 1, 334), (1, 334, 667), (1, 667, 1001)]
+    got = split_ranges([OffsetRange("t", 0, 0, 10), OffsetRange("t", 1, 0, 10), OffsetRange("t", 2, 0, 1)], 6)
+    assert _spans(got) == [(0, 0, 3), (0, 3, 6), (0, 6, 10), (1, 0, 3), (1, 3, 6), (1, 6, 10), (2, 0, 1)], \
+        "no offset dropped (SPARK-28489)"
+
+
+def test_max_records_per_partition_divides_long_ranges_as_spark_does() -> None:
+    """SPARK-49259's cases: ceil(size / max) nearly equal parts, alone or before minPartitions."""
+    assert _spans(split_ranges([OffsetRange("t", 0, 1, 5)], None, 4)) == [(0, 1, 5)]
+    assert _spans(split_ranges([OffsetRange("t", 0, 1, 6)], None, 4)) == [(0, 1, 3), (0, 3, 6)]
+    got = split_ranges([OffsetRange("t", 0, 1, 40), OffsetRange("t", 1, 1, 50), OffsetRange("t", 2, 1, 60)], None, 20)
+    assert _spans(got) == [(0, 1, 20), (0, 20, 40), (1, 1, 17), (1, 17, 33), (1, 33, 50), (2, 1, 20), (2, 20, 40),
+                           (2, 40, 60)]
+    assert _spans(split_ranges([OffsetRange("t", 0, 1, 40)], 1, 20)) == [(0, 1, 20), (0, 20, 40)]
+    assert _spans(split_ranges([OffsetRange("t", 0, 1, 40)], 4, 20)) == [(0, 1, 10), (0, 10, 20), (0, 20, 30),
+                                                                        (0, 30, 40)]
+    for n in range(1, 200, 7):  # never more than max_records a part, never an offset lost or repeated
+        parts = split_ranges([OffsetRange("t", 0, 3, 3 + n), OffsetRange("t", 1, 0, 2 * n)], 3, 9)
+        for p in (0, 1):
+            mine = [r for r in parts if r.partition == p]
+            assert all(r.end - r.start <= 9 for r in mine)
+            assert [o for r in mine for o in range(r.start, r.end)] == list(range(3, 3 + n) if p == 0 else range(2 * n))
 
 
 def test_transaction_timeout_grows_with_the_batch() -> None:

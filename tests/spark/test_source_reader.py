@@ -208,3 +208,28 @@ def test_a_deleted_input_topic_is_a_data_loss(broker: BrokerProcess, caplog: pyt
     assert "partitions gone-a-0, gone-a-1 are gone" in caplog.text
     for r in (strict, lenient):
         r.stop()
+
+
+def test_max_records_per_partition_splits_a_partition_into_tasks(broker: BrokerProcess) -> None:
+    """Spark 4's maxRecordsPerPartition, on a stream and a batch read: 100 records of one partition
+    become 4 tasks of at most 30 offsets, which together read every record once."""
+    from oncelog.spark.source import KafkaBatchReader
+
+    bs = broker.bootstrap
+    create_topic(bs, "split", 1)
+    p = Producer({"bootstrap.servers": bs})
+    for i in range(100):
+        p.produce("split", value=b"v%d" % i, partition=0)
+    assert p.flush(15) == 0
+    opts = {"kafka.bootstrap.servers": bs, "subscribe": "split", "startingOffsets": "earliest",
+            "maxRecordsPerPartition": "30"}
+    stream, batch = KafkaStreamReader(opts), KafkaBatchReader(opts)
+    start = stream.initialOffset()
+    end = stream.latestOffset(start, ReadAllAvailable())
+    for reader, parts in ((stream, stream.partitions(start, end)), (batch, batch.partitions())):
+        assert [(q.rng.start, q.rng.end) for q in parts] == [(0, 25), (25, 50), (50, 75), (75, 100)]
+        got = [v for q in parts for b in reader.read(q) for v in b.column("value").to_pylist()]
+        assert got == [b"v%d" % i for i in range(100)]
+    with pytest.raises(ValueError, match="maxRecordsPerPartition"):
+        KafkaStreamReader({**opts, "maxRecordsPerPartition": "0"})
+    stream.stop()

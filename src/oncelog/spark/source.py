@@ -14,8 +14,9 @@ Invariants the reader keeps:
 - The driver-side consumer only answers metadata, watermarks and timestamp lookups; executors open
   their own consumer per range with ``assign()`` (never joining a group). Group ids follow Spark:
   ``kafka.group.id`` when set (clusters with group ACLs), else ``{groupIdPrefix}-{uuid}``.
-- ``minPartitions`` splits large ranges the way Spark's ``KafkaOffsetRangeCalculator`` does, a pure
-  function of the planned offsets, so a replayed batch is split into the same Spark partitions.
+- ``minPartitions`` and ``maxRecordsPerPartition`` split large ranges the way Spark's
+  ``KafkaOffsetRangeCalculator`` does, a pure function of the planned offsets, so a replayed batch
+  is split into the same Spark partitions.
 - ``commitOffsetsToGroup`` mirrors the offsets of each batch Spark committed into a consumer group,
   for lag tools only: the query itself always resumes from its checkpoint.
 """
@@ -112,25 +113,47 @@ def apply_max_rows(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
     return capped
 
 
-def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
-    """Spark's ``KafkaOffsetRangeCalculator``: with fewer ranges than ``min_partitions``, split each
-    range into ``max(round(size / total * min_partitions), 1)`` nearly equal parts."""
+def split_ranges(ranges: list[OffsetRange], min_partitions: int | None,
+                 max_records: int | None = None) -> list[OffsetRange]:
+    """Spark's ``KafkaOffsetRangeCalculator`` (4.x), a pure function of the offsets, so a replayed
+    batch is split the same way (the sink's replay decisions are per task):
+
+    - ``max_records`` (``maxRecordsPerPartition``): a range of more offsets is divided into
+      ``ceil(size / max_records)`` nearly equal parts;
+    - then, with fewer ranges than ``min_partitions``: a range whose share of the total would give
+      it one part stays whole ("unsplit"), and each other range is divided into
+      ``max(round(size / split_total * (min_partitions - unsplit)), 1)`` parts, where
+      ``split_total`` leaves the unsplit ranges out (SPARK-36576).
+
+    Empty ranges are dropped; the last part of a range takes the rounding's remainder."""
     ranges = [r for r in ranges if r.end > r.start]
+    if max_records:
+        ranges = [part for r in ranges for part in _divided(r, -(-(r.end - r.start) // max_records))]
     if not min_partitions or len(ranges) >= min_partitions:
         return ranges
     total = sum(r.end - r.start for r in ranges)
+    unsplit = {i for i, r in enumerate(ranges) if _part_count(r.end - r.start, total, min_partitions) == 1}
+    split_total = total - sum(ranges[i].end - ranges[i].start for i in unsplit)
+    split_min = max(min_partitions - len(unsplit), 1)
+    return [part for i, r in enumerate(ranges)
+            for part in _divided(r, 1 if i in unsplit else _part_count(r.end - r.start, split_total, split_min))]
+
+
+def _part_count(size: int, total: int, min_parts: int) -> int:
+    return max(_round_half_up(size / total * min_parts), 1)
+
+
+def _divided(r: OffsetRange, parts: int) -> list[OffsetRange]:
+    """``r`` in ``parts`` nearly equal, non-empty pieces (integer division; the last one takes the rest)."""
     out = []
-    for r in ranges:
-        size = r.end - r.start
-        parts = max(int(_round_half_up(size / total * min_partitions)), 1)
-        remaining, begin = size, r.start
-        for part in range(parts):
-            this = remaining // (parts - part)
-            remaining -= this
-            stop = min(begin + this, r.end)
-            if stop > begin:
-                out.append(OffsetRange(r.topic, r.partition, begin, stop))
-            begin = stop
+    remaining, begin = r.end - r.start, r.start
+    for part in range(parts):
+        this = remaining // (parts - part)
+        remaining -= this
+        stop = min(begin + this, r.end)
+        if stop > begin:
+            out.append(OffsetRange(r.topic, r.partition, begin, stop))
+        begin = stop
     return out
 
 
@@ -505,6 +528,7 @@ def _source_options(options: Mapping[str, str], streaming: bool) -> None:
     get_int(options, "maxOffsetsPerTrigger", None, minimum=1)
     get_int(options, "minOffsetsPerTrigger", None, minimum=1)
     get_int(options, "minPartitions", None, minimum=1)
+    get_int(options, "maxRecordsPerPartition", None, minimum=1)
     get_duration_ms(options, "maxTriggerDelay", 15 * 60_000)
     get_bool(options, "includeHeaders", False)
     get_bool(options, "failOnDataLoss", True)
@@ -524,6 +548,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.min_rows = get_int(options, "minOffsetsPerTrigger", None, minimum=1)
         self.max_trigger_delay_ms = get_duration_ms(options, "maxTriggerDelay", 15 * 60_000)
         self.min_partitions = get_int(options, "minPartitions", None, minimum=1)
+        self.max_records = get_int(options, "maxRecordsPerPartition", None, minimum=1)
         self.mirror_group = get_option(options, "commitOffsetsToGroup") or None
         self._available_now: Offsets | None = None
         self._last_trigger_ms = 0.0  # as Spark's lastTriggerMillis: the first batch is never delayed
@@ -579,7 +604,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         _report_gone(start, end, self.fail_on_data_loss)
         marks = self.meta.watermarks({t: [int(p) for p in ps] for t, ps in end.items()})
         start = _check_data_loss(start, marks, self.fail_on_data_loss)
-        return [RangePartition(r) for r in split_ranges(plan_ranges(start, end), self.min_partitions)]
+        return [RangePartition(r) for r in split_ranges(plan_ranges(start, end), self.min_partitions, self.max_records)]
 
     def read(self, partition: Any) -> Iterator[Any]:
         return read_range(self.meta.conf, partition.rng, self.include_headers, self.meta.timeout_s,
@@ -626,6 +651,7 @@ class KafkaBatchReader(DataSourceReader):
         self.fail_on_data_loss = get_bool(options, "failOnDataLoss", True)
         self.strategy = (get_option(options, "startingOffsetsByTimestampStrategy", "error") or "error").lower()
         self.min_partitions = get_int(options, "minPartitions", None, minimum=1)
+        self.max_records = get_int(options, "maxRecordsPerPartition", None, minimum=1)
         if self.starting.kind == "latest" or self.ending.kind == "earliest":
             raise ValueError("batch reads need startingOffsets != latest and endingOffsets != earliest")
         if self.starting.kind == "offsets" and any(o == LATEST for ps in (self.starting.offsets or {}).values()
@@ -642,7 +668,7 @@ class KafkaBatchReader(DataSourceReader):
             end = self.meta.resolve(self.ending, ending=True)
         finally:
             self.meta.close()
-        return [RangePartition(r) for r in split_ranges(plan_ranges(start, end), self.min_partitions)]
+        return [RangePartition(r) for r in split_ranges(plan_ranges(start, end), self.min_partitions, self.max_records)]
 
     def read(self, partition: Any) -> Iterator[Any]:
         return read_range(self.meta.conf, partition.rng, self.include_headers, self.meta.timeout_s,
