@@ -37,3 +37,12 @@ def test_groups_list_and_describe_show_members_offsets_and_lag(broker: BrokerPro
         assert cells[2:] == ["3", "5", "2"]  # committed 3, log end 5, lag 2
     finally:
         c.close()
+
+
+def test_an_unreachable_broker_is_an_error_not_an_empty_list() -> None:
+    """``groups list`` used to print an empty table and exit 0 when no broker answered (librdkafka's
+    ListConsumerGroups reports no group when it knows no broker)."""
+    for args in (["list"], ["describe", "g"]):
+        for where in ("127.0.0.1:1", "nonsense"):
+            r = oncelog("groups", *args, "--bootstrap", where, "--timeout", "2")
+            assert r.returncode == 1 and f"cannot reach a broker at {where}" in r.stderr, (args, where, r)

@@ -53,3 +53,5 @@ def test_list_describe_find_hanging_and_abort(broker: BrokerProcess) -> None:
 def test_transactions_cli_unreachable_broker() -> None:
     r = oncelog("transactions", "list", "--bootstrap", "127.0.0.1:1", "--timeout", "2")
     assert r.returncode == 1 and "cannot reach" in r.stderr
+    r = oncelog("transactions", "list", "--bootstrap", "nonsense", "--timeout", "2")
+    assert r.returncode == 1 and "cannot reach a broker at nonsense: expected HOST:PORT" in r.stderr, r.stderr

@@ -7,6 +7,8 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from oncelog.demo.cli import (
     Outcome,
     add_arguments,
@@ -76,3 +78,24 @@ def test_totals_tables_on_postgresql(postgres_url: str) -> None:
     assert db_totals(postgres_url, "totals_at_most_once") == {}
     reset_tables(postgres_url, ["exactly_once", "at_most_once"])
     assert db_totals(postgres_url, "totals_exactly_once") == {}
+
+
+@pytest.mark.parametrize("bad", [["--records", "0"], ["--records", "-5"], ["--accounts", "x"], ["--kills", "-1"],
+                                 ["--commit-window-batch", "-2"], ["--guarantees", "exactly_once,nope"],
+                                 ["--guarantees", ","], ["--drop-acks", "1"], ["--max-offsets", "-3"]])
+def test_bad_demo_options_are_usage_errors_before_any_work(bad: list[str]) -> None:
+    """Each used to start a broker and a Spark job anyway (a negative --records ran the whole demo
+    on nothing; an unknown guarantee failed minutes later)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "oncelog", "demo", *bad], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and f"argument {bad[0]}" in r.stderr, (bad, r.stderr[-500:])
+    assert "broker on" not in r.stdout + r.stderr
+
+
+def test_demo_guarantees_parse_into_a_list() -> None:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args([]).guarantees == ["exactly_once", "at_least_once", "at_most_once"]
+    assert p.parse_args(["--guarantees", " at_most_once ,exactly_once"]).guarantees == ["at_most_once", "exactly_once"]

@@ -24,6 +24,19 @@ def admin_client(args: argparse.Namespace) -> Any:
                         "log_level": 0})
 
 
+def metadata(args: argparse.Namespace, admin: Any = None) -> Any:
+    """The cluster's metadata through ``admin`` (or a new AdminClient), which proves a broker is
+    reachable; exits with a message naming the address when none answers within ``--timeout``
+    (librdkafka's admin calls that do not need a broker's answer, such as listing groups, would
+    otherwise report an empty cluster)."""
+    from confluent_kafka import KafkaException
+
+    try:
+        return (admin or admin_client(args)).list_topics(timeout=args.timeout)
+    except KafkaException as exc:
+        raise SystemExit(fail(f"cannot reach a broker at {args.bootstrap}: {exc.args[0].str()}")) from None
+
+
 def fail(message: str, code: int = EXIT_KAFKA_ERROR) -> int:
     print(f"error: {message}", file=sys.stderr)
     return code

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from oncelog.admin.common import EXIT_OK, add_bootstrap, admin_client, fail
+from oncelog.admin.common import EXIT_OK, add_bootstrap, admin_client, fail, metadata
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,11 +31,14 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 
     admin = admin_client(args)
+    metadata(args, admin)
     try:
         if args.action == "list":
             res = admin.list_consumer_groups(request_timeout=args.timeout).result()
             groups = sorted(res.valid, key=lambda g: g.group_id)
             _table([[g.group_id, g.state.name if g.state else "?"] for g in groups], ["Group", "State"])
+            if res.errors:  # a broker that did not answer: the list above may lack its groups
+                return fail("; ".join(e.str() for e in res.errors))
             return EXIT_OK
         desc = admin.describe_consumer_groups([args.group], request_timeout=args.timeout)[args.group].result()
         members = []

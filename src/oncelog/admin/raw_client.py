@@ -23,6 +23,8 @@ class KafkaProtocolError(Exception):
 class RawClient:
     def __init__(self, bootstrap: str, timeout_s: float = 15.0) -> None:
         host, _, port = bootstrap.rpartition(":")
+        if not host or not port.isdigit():
+            raise KafkaProtocolError(f"cannot reach a broker at {bootstrap}: expected HOST:PORT")
         try:
             self.sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
         except (OSError, ValueError) as exc:

@@ -5,9 +5,8 @@ override (refused, as kafka-configs.sh does, when the topic has no such override
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from oncelog.admin.common import EXIT_OK, EXIT_USAGE, add_bootstrap, admin_client, fail
+from oncelog.admin.common import EXIT_OK, EXIT_USAGE, add_bootstrap, admin_client, fail, metadata
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,15 +32,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rm = sub.add_parser("delete", help="delete topics")
     rm.add_argument("topics", nargs="+")
     add_bootstrap(rm)
-
-
-def _metadata(args: argparse.Namespace) -> Any:
-    from confluent_kafka import KafkaException
-
-    try:
-        return admin_client(args).list_topics(timeout=args.timeout)
-    except KafkaException as exc:
-        raise SystemExit(fail(f"cannot reach a broker at {args.bootstrap}: {exc.args[0].str()}")) from None
 
 
 def _parse_configs(items: list[str]) -> dict[str, str] | None:
@@ -113,14 +103,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"created topic {args.topic} with {args.partitions} partition(s)")
         return EXIT_OK
     if args.action == "list":
-        md = _metadata(args)
+        md = metadata(args)
         for name in sorted(md.topics):
             if name.startswith("__") and not args.internal:
                 continue
             print(name)
         return EXIT_OK
     if args.action == "describe":
-        md = _metadata(args)
+        md = metadata(args)
         names = args.topics or sorted(n for n in md.topics if not n.startswith("__"))
         admin = admin_client(args)
         rc = EXIT_OK

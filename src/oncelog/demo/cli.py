@@ -36,6 +36,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from oncelog.cli_args import at_least, count, one_of, positive, probability
 from oncelog.demo.faults import (
     KillEvent,
     duplicates_and_losses,
@@ -59,15 +60,17 @@ GUARANTEES = ("exactly_once", "at_least_once", "at_most_once")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--records", type=int, default=100_000,
+    p.add_argument("--records", type=positive(int), default=100_000,
                    help="committed payments to generate (default 100000)")
-    p.add_argument("--accounts", type=int, default=1000, help="accounts the payments go to (default 1000)")
-    p.add_argument("--kills", type=int, default=1, help="driver SIGKILLs mid-batch per guarantee (default 1)")
-    p.add_argument("--commit-window-batch", type=int, default=1,
+    p.add_argument("--accounts", type=positive(int), default=1000,
+                   help="accounts the payments go to (default 1000)")
+    p.add_argument("--kills", type=count, default=1, help="driver SIGKILLs mid-batch per guarantee (default 1)")
+    p.add_argument("--commit-window-batch", type=at_least(-1), default=1,
                    help="also SIGKILL the driver after every task of this batch committed and before Spark's "
                         "commit log entry, once per query (default 1; -1: off)")
-    p.add_argument("--guarantees", default=",".join(GUARANTEES))
-    p.add_argument("--max-offsets", type=int, default=0,
+    p.add_argument("--guarantees", type=one_of(GUARANTEES), default=list(GUARANTEES),
+                   help=f"comma-separated, from {','.join(GUARANTEES)} (default: all three)")
+    p.add_argument("--max-offsets", type=count, default=0,
                    help="maxOffsetsPerTrigger of the job (default: a third of --records, at least 50: three batches)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--report", type=Path, default=Path("oncelog-demo-report.html"), help="HTML report path")
@@ -77,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="database URL for the totals instead of the SQLite file, e.g. "
                         "postgresql://user@127.0.0.1:5432/db (tables totals_<guarantee> are replaced)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (broker data, logs)")
-    p.add_argument("--drop-acks", type=float, default=0.03,
+    p.add_argument("--drop-acks", type=probability, default=0.03,
                    help="probability that the proxy between the job and the broker drops a Produce or EndTxn "
                         "response after the broker processed it (a lost acknowledgement; default 0.03, 0 = off)")
 
@@ -176,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         console.print("oncelog demo needs PySpark: pip install 'oncelog[spark]'")
         return 2
     started = time.monotonic()
-    guarantees = [g.strip() for g in args.guarantees.split(",") if g.strip()]
+    guarantees: list[str] = args.guarantees
     work = Path(tempfile.mkdtemp(prefix="oncelog-demo-"))
     db_url = args.database or f"sqlite:///{args.sqlite.resolve()}"
     db_name = "the database" if args.database else "SQLite"

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from oncelog.cli_args import count, positive
 from oncelog.verify.checker import check
 from oncelog.verify.history import History, HistoryError
 from oncelog.verify.proxy import FaultProxy
@@ -33,28 +34,6 @@ class UsageError(Exception):
     """A bad option (exit code 2)."""
 
 
-def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-        return value
-    return parse
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     def one_line_error(message: str) -> NoReturn:
         print(f"error: oncelog verify: {message}", file=sys.stderr)
@@ -64,9 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", help="HOST:PORT of the broker under test (omit with --broker-cmd)")
     p.add_argument("--broker-cmd", help="command that starts the broker in the foreground; '{port}' is replaced "
                                         "by a free port (enables broker-kill and broker-pause faults)")
-    p.add_argument("--duration", type=_positive(float), default=60.0,
+    p.add_argument("--duration", type=positive(float), default=60.0,
                    help="seconds of workload before the drain and the final read (default 60)")
-    p.add_argument("--drain-timeout", type=_positive(float), default=90.0,
+    p.add_argument("--drain-timeout", type=positive(float), default=90.0,
                    help="seconds the copiers get to catch up after the producers stop; the drain also ends "
                         "when their committed offsets stay still for min(this, 30) s (default 90)")
     p.add_argument("--seed", type=int, default=1)
@@ -74,11 +53,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated, from {','.join(ALL_FAULTS)}; 'none' for no faults")
     p.add_argument("--txn", action=argparse.BooleanOptionalAction, default=True,
                    help="transactional producers and copiers (default) or idempotent producers only (--no-txn)")
-    p.add_argument("--producers", type=_count, default=3, help="transactional producers (default 3)")
-    p.add_argument("--copiers", type=_count, default=2,
+    p.add_argument("--producers", type=count, default=3, help="transactional producers (default 3)")
+    p.add_argument("--copiers", type=count, default=2,
                    help="consume-transform-produce copiers in one consumer group (default 2)")
-    p.add_argument("--consumers", type=_count, default=2, help="read-only consumers (default 2)")
-    p.add_argument("--processes", type=_positive(int), default=3,
+    p.add_argument("--consumers", type=count, default=2, help="read-only consumers (default 2)")
+    p.add_argument("--processes", type=positive(int), default=3,
                    help="worker processes the clients are spread over, as threads (default 3)")
     p.add_argument("--no-proxy", action="store_true", help="connect directly (no network faults)")
     p.add_argument("--report", type=Path, help="write an HTML report with a timeline here")
