@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -63,6 +64,38 @@ def test_bad_options_exit_with_a_message(tmp_path: Path) -> None:
         s.listen()
         r = broker("--listen", f"127.0.0.1:{s.getsockname()[1]}")
         assert r.returncode == 1 and "cannot start" in r.stderr
+
+
+@pytest.mark.parametrize(("toml", "says"), [
+    ("log_segment_bytes = -5", "log_segment_bytes: Value must be at least 14"),  # segment.bytes's rule
+    ("log_retention_ms = -2", "log_retention_ms: Value must be at least -1"),
+    ("log_cleaner_min_cleanable_ratio = 2.0", "no more than 1"),
+    ("log_cleaner_min_cleanable_ratio = 'x'", "must be a number"),
+    ("num_partitions = 0", "num_partitions: Value must be at least 1"),
+    ("max_connections = -1", "max_connections: Value must be at least 0"),
+    ("fetch_max_bytes = 10", "fetch_max_bytes: Value must be at least 1024"),
+    ("group_min_session_timeout_ms = 9000000", "must not be above group_max_session_timeout_ms"),
+    ("log_level = 'loud'", "log_level must be one of"),
+    ("log_level = 5", "'log_level' must be a string"),
+    ("data_dir = 5", "'data_dir' must be a directory path"),
+    ("listen = 5", "'listen' must be a string HOST:PORT"),
+])
+def test_configs_out_of_range_stop_the_broker_at_start(tmp_path: Path, toml: str, says: str) -> None:
+    """Each of these used to start a broker (a negative segment size, auto-created topics of no
+    partition, any log level) or die with a traceback (data_dir = 5)."""
+    (tmp_path / "b.toml").write_text(toml + "\n")
+    r = subprocess.run([sys.executable, "-m", "oncelog", "broker", "--data-dir", str(tmp_path / "d"), "--listen",
+                        "127.0.0.1:0", "--config", str(tmp_path / "b.toml")], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (toml, r.stderr[-800:])
+
+
+def test_every_default_is_within_the_limits() -> None:
+    from oncelog.server.config import AT_LEAST, BrokerConfig
+
+    BrokerConfig().validate_limits()
+    fields = {f for f in BrokerConfig.__dataclass_fields__}
+    assert set(AT_LEAST) <= fields, "a limit for a config that does not exist"
 
 
 def test_delayed_fetch_is_woken_by_an_append(broker: BrokerProcess) -> None:

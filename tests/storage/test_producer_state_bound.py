@@ -139,7 +139,7 @@ def test_the_broker_config_is_checked() -> None:
 
     cfg = BrokerConfig()
     cfg.producer_state_max_entries = 0
-    with pytest.raises(ValueError, match="producer_state_max_entries must be at least 1"):
+    with pytest.raises(ValueError, match="producer_state_max_entries: Value must be at least 1"):
         cfg.validate_security()
     with pytest.raises(ValueError):
         ProducerStateBound(0)

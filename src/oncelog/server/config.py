@@ -41,6 +41,29 @@ def parse_list(name: str, value: Any, separator: str) -> list[str]:
     return [item.strip() for item in items if item.strip()]
 
 
+#: The least value of each numeric broker config that is not a topic config's default (those are
+#: checked by the topic config's own rule): Kafka's where Kafka has the config.
+AT_LEAST: dict[str, float] = {
+    "listen_port": 0, "advertised_port": 0, "node_id": 0, "num_partitions": 1, "socket_request_max_bytes": 1,
+    "flush_interval_ms": 0, "log_retention_check_interval_ms": 1, "log_retention_bytes": -1,
+    "transaction_max_timeout_ms": 1, "transactional_id_expiration_ms": 1, "transactional_id_max_entries": 1,
+    "transaction_abort_timed_out_transaction_cleanup_interval_ms": 1, "producer_id_expiration_ms": 1,
+    "producer_state_max_entries": 1, "transaction_state_log_num_partitions": 1, "group_max_count": 1,
+    "offsets_topic_num_partitions": 1, "group_min_session_timeout_ms": 0, "group_max_session_timeout_ms": 0,
+    "group_initial_rebalance_delay_ms": 0, "offsets_retention_minutes": 1, "internal_log_checkpoint_bytes": 1,
+    "internal_log_checkpoint_interval_ms": 1, "log_cleaner_threads": 0, "log_cleaner_backoff_ms": 0,
+    "log_cleaner_dedupe_buffer_size": 1, "log_cleaner_io_buffer_load_factor": 0,
+    "log_cleaner_io_max_bytes_per_second": 1, "max_connections": 0, "max_connections_per_ip": 0,
+    "connections_max_idle_ms": 1, "queued_max_request_bytes": 1, "queued_max_requests_per_connection": 1,
+    "socket_send_buffer_high_bytes": 0, "log_dir_min_free_bytes": 0, "fetch_max_bytes": 1024,
+    "quota_producer_default": 1, "quota_consumer_default": 1, "sasl_server_max_receive_size": 1024,
+    "connection_failed_authentication_delay_ms": 0,
+}
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: ... and the greatest, where there is one.
+AT_MOST: dict[str, float] = {"listen_port": 65535, "advertised_port": 65535, "log_cleaner_io_buffer_load_factor": 1}
+
+
 @dataclass
 class BrokerConfig:
     data_dir: Path = Path("./oncelog-data")
@@ -160,11 +183,13 @@ class BrokerConfig:
             key = raw_key.replace(".", "_").replace("-", "_")
             if key == "auto_create_topics":
                 key = "auto_create_topics_enable"
-            if key == "listen" and isinstance(value, str):
-                self.listen_host, self.listen_port = parse_host_port(value)
-                continue
-            if key in ("advertised_listener", "advertised_listeners") and isinstance(value, str):
-                self.advertised_host, self.advertised_port = parse_host_port(value)
+            if key in ("listen", "advertised_listener", "advertised_listeners"):
+                if not isinstance(value, str):
+                    raise ValueError(f"config {raw_key!r} must be a string HOST:PORT")
+                if key == "listen":
+                    self.listen_host, self.listen_port = parse_host_port(value)
+                else:
+                    self.advertised_host, self.advertised_port = parse_host_port(value)
                 continue
             if key not in names or key in ("extra", "explicitly_set"):
                 raise ValueError(f"unknown broker config {raw_key!r}")
@@ -182,12 +207,20 @@ class BrokerConfig:
                 continue
             current = getattr(self, key)
             if key == "data_dir":
+                if not isinstance(value, (str, Path)) or not str(value):
+                    raise ValueError(f"config {raw_key!r} must be a directory path")
                 value = Path(value)
             elif isinstance(current, bool):
                 if not isinstance(value, bool):
                     raise ValueError(f"config {raw_key!r} must be true or false")
             elif isinstance(current, int) and not isinstance(value, int):
                 raise ValueError(f"config {raw_key!r} must be an integer")
+            elif isinstance(current, float):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"config {raw_key!r} must be a number")
+                value = float(value)
+            elif isinstance(current, str) and not isinstance(value, str):
+                raise ValueError(f"config {raw_key!r} must be a string")
             setattr(self, key, value)
 
     @property
@@ -218,18 +251,37 @@ class BrokerConfig:
             kind, sep, name = principal.partition(":")
             if kind != "User" or not sep or not name:
                 raise ValueError(f"super user {principal!r} must be a principal of the form User:NAME")
-        if self.sasl_server_max_receive_size < 1024:
-            raise ValueError("sasl_server_max_receive_size must be at least 1024 bytes")
-        if self.producer_state_max_entries < 1:
-            raise ValueError("producer_state_max_entries must be at least 1")
-        if self.transactional_id_max_entries < 1:
-            raise ValueError("transactional_id_max_entries must be at least 1")
-        if self.group_max_count < 1:
-            raise ValueError("group_max_count must be at least 1")
+        self.validate_limits()
         if self.tls_cert is not None and self.tls_key is not None:
             from oncelog.security.tls import server_context
 
             server_context(Path(self.tls_cert), Path(self.tls_key))  # fail now, not at the first client
+
+    def validate_limits(self) -> None:
+        """ValueError naming the first config out of its range: a broker default of a topic config
+        (``log_segment_bytes`` is ``segment.bytes``'s) by that topic config's rule, the others by
+        :data:`AT_LEAST` (Kafka's rule where Kafka has the config), so a value that would make the
+        broker misbehave (a negative segment size, no partition in an auto-created topic) stops it
+        at start, with the config's name, instead."""
+        from oncelog.storage.config import broker_spec
+
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            spec = broker_spec(f.name.replace("_", "."))
+            problem = spec.validator(value) if spec is not None and spec.validator is not None else None
+            low = AT_LEAST.get(f.name)
+            if problem is None and low is not None and (value < low or value != value):  # NaN too
+                problem = f"Value must be at least {low}"
+            if problem is None and f.name in AT_MOST and value > AT_MOST[f.name]:
+                problem = f"Value must be no more than {AT_MOST[f.name]}"
+            if problem is not None:
+                raise ValueError(f"invalid value {value} for config {f.name}: {problem}")
+        if str(self.log_level).upper() not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
+        if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
+            raise ValueError("group_min_session_timeout_ms must not be above group_max_session_timeout_ms")
 
     @classmethod
     def from_toml(cls, path: Path) -> BrokerConfig:
