@@ -106,6 +106,11 @@ def test_check_what_is_not_a_history_exits_2(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"type": "send", "process": "p"}) + "\n")
     assert_cannot_run(verify("--check", str(bad)), "line 1")
     assert_cannot_run(verify("--check", str(bad), "--bootstrap", "127.0.0.1:1"), "neither")
+    # Nothing the checker knows (an empty file, lines of other kinds only) is not a clean history:
+    # it used to pass (exit 0) with a note that no final read was found.
+    for text in ("", "\n\n", json.dumps({"type": "meta"}) + "\n" + json.dumps({"type": "nope", "x": 1}) + "\n"):
+        bad.write_text(text)
+        assert_cannot_run(verify("--check", str(bad)), "holds no history entry")
 
 
 def test_unwritable_report_exits_2(tmp_path: Path) -> None:

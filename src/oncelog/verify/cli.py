@@ -216,6 +216,10 @@ def _run(args: argparse.Namespace) -> int:
         if args.bootstrap or args.broker_cmd:
             raise UsageError("--check reads a recorded history: give neither --bootstrap nor --broker-cmd")
         history = History.load(args.check)
+        if not any(items for _kind, items in history.items()):
+            # Nothing to check is not a pass: a recording that failed, or not a history file at all.
+            raise HistoryError(f"{args.check} holds no history entry (no send, transaction, poll, offsets, "
+                               "fault or error line): nothing to check")
         title = f"oncelog verify --check {args.check}"
     else:
         history = _record_history(args, faults)
