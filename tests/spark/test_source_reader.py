@@ -15,6 +15,15 @@ from oncelog.spark.source import KafkaMetadata, KafkaStreamReader
 from oncelog.testing.broker_process import BrokerProcess, create_topic
 
 
+def _numbered(bs: str, topic: str, n: int) -> None:
+    """A topic of one partition holding values v0 .. v(n-1) at offsets 0 .. n-1."""
+    create_topic(bs, topic, 1)
+    p = Producer({"bootstrap.servers": bs})
+    for i in range(n):
+        p.produce(topic, value=b"v%d" % i, partition=0)
+    assert p.flush(15) == 0
+
+
 def _values(reader: KafkaStreamReader, start: dict, end: dict) -> list[bytes]:
     out: list[bytes] = []
     for part in reader.partitions(start, end):
@@ -142,11 +151,7 @@ def test_records_deleted_between_planning_and_reading(broker: BrokerProcess, cap
     from oncelog.spark.source import KafkaBatchReader
 
     bs = broker.bootstrap
-    create_topic(bs, "aged", 1)
-    p = Producer({"bootstrap.servers": bs})
-    for i in range(100):
-        p.produce("aged", value=b"v%d" % i, partition=0)
-    assert p.flush(15) == 0
+    _numbered(bs, "aged", 100)
     opts = {"kafka.bootstrap.servers": bs, "subscribe": "aged", "startingOffsets": "earliest"}
     strict, lenient = KafkaStreamReader(opts), KafkaStreamReader({**opts, "failOnDataLoss": "false"})
     batch = KafkaBatchReader({**opts, "failOnDataLoss": "false"})
@@ -216,11 +221,7 @@ def test_max_records_per_partition_splits_a_partition_into_tasks(broker: BrokerP
     from oncelog.spark.source import KafkaBatchReader
 
     bs = broker.bootstrap
-    create_topic(bs, "split", 1)
-    p = Producer({"bootstrap.servers": bs})
-    for i in range(100):
-        p.produce("split", value=b"v%d" % i, partition=0)
-    assert p.flush(15) == 0
+    _numbered(bs, "split", 100)
     opts = {"kafka.bootstrap.servers": bs, "subscribe": "split", "startingOffsets": "earliest",
             "maxRecordsPerPartition": "30"}
     stream, batch = KafkaStreamReader(opts), KafkaBatchReader(opts)
