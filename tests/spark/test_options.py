@@ -3,7 +3,9 @@ Spark's minPartitions split, and the sizes and timeouts of large batches (no bro
 
 from __future__ import annotations
 
+import re
 import time
+from typing import Any
 
 import pytest
 
@@ -181,3 +183,41 @@ def test_a_flush_timeout_names_the_undelivered_count() -> None:
     with pytest.raises(TimeoutError, match="transaction x: 3 records still undelivered after 1s"):
         flush(_StuckProducer(3), 1.0, "transaction x", clock=tick)
     flush(_StuckProducer(0), 1.0, "fine", clock=tick)
+
+
+def test_the_sinks_check_the_rows_schema_as_sparks_kafka_sink_does() -> None:
+    """A value of another type than string or binary used to be sent as its str() (an int as its
+    digits, a struct as "Row(...)"); now the query fails at start naming the column."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    from oncelog.spark.sink import check_output_schema
+
+    def schema(**cols: Any) -> StructType:
+        return StructType([StructField(n, t) for n, t in cols.items()])
+
+    headers = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+    fine = schema(key=StringType(), value=BinaryType(), topic=StringType(), partition=IntegerType(), headers=headers,
+                  extra=LongType())
+    check_output_schema(fine, topic_option=False)
+    check_output_schema(schema(value=StringType()), topic_option=True)
+    check_output_schema(schema(value=StringType(), topic=LongType()), topic_option=True)  # the option wins
+    for cols, topic_option, says in [
+        ({"key": StringType()}, True, "needs a 'value' column"),
+        ({"value": StringType()}, False, "needs the 'topic' option or a 'topic' column"),
+        ({"value": IntegerType()}, True, "'value' column must be string or binary, not int"),
+        ({"value": StructType([StructField("a", IntegerType())])}, True, "'value' column must be string or binary"),
+        ({"value": BinaryType(), "key": LongType()}, True, "'key' column must be string or binary, not bigint"),
+        ({"value": BinaryType(), "topic": BinaryType()}, False, "'topic' column must be string, not binary"),
+        ({"value": BinaryType(), "partition": LongType()}, True, "'partition' column must be int, not bigint"),
+        ({"value": BinaryType(), "headers": ArrayType(StringType())}, True, "'headers' column must be array<struct"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(says)):
+            check_output_schema(schema(**cols), topic_option=topic_option)

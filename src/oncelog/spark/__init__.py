@@ -68,8 +68,10 @@ class OncelogDataSource(DataSource):
         return KafkaBatchReader(self.options)
 
     def streamWriter(self, schema: Any, overwrite: bool) -> Any:
-        from oncelog.spark.sink import KafkaStreamWriter
+        from oncelog.spark.options import get_option
+        from oncelog.spark.sink import KafkaStreamWriter, check_output_schema
 
+        check_output_schema(schema, topic_option=bool(get_option(self.options, "topic")))
         return KafkaStreamWriter(self.options)
 
 

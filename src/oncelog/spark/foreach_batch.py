@@ -25,6 +25,7 @@ from oncelog.spark.sink import (
     SinkHooks,
     SinkSettings,
     TaskIdentity,
+    check_output_schema,
     records_from_rows,
     summarize,
     write_partition,
@@ -75,6 +76,7 @@ class KafkaForeachBatch:
         return task
 
     def __call__(self, df: Any, batch_id: int) -> None:
+        check_output_schema(df.schema, topic_option=self.settings.topic is not None)
         if type(df).__module__.startswith("pyspark.sql.connect"):
             rows = df.mapInArrow(self.task_function(int(batch_id)), "message binary").collect()
             messages = [pickle.loads(r.message) for r in rows]

@@ -272,6 +272,37 @@ def records_from_arrow(batches: Iterable[Any]) -> Iterator[OutRecord]:
             yield _as_bytes(k), _as_bytes(v), t, p, _headers(h)
 
 
+#: The columns a sink reads, and the types Spark's Kafka sink allows for each (``simpleString``).
+OUTPUT_COLUMN_TYPES = {
+    "key": ("string", "binary"),
+    "value": ("string", "binary"),
+    "topic": ("string",),
+    "partition": ("int",),
+    "headers": ("array<struct<key:string,value:binary>>",),
+}
+
+
+def check_output_schema(schema: Any, topic_option: bool) -> None:
+    """Spark's Kafka sink's checks of the rows' schema (``KafkaWriter.validateQuery``), made when the
+    query starts: a ``value`` column, a ``topic`` column unless the topic option is set, and each
+    column the sink reads of a type it takes as it is. Raises ValueError naming the column. (A
+    value of another type used to be sent as its ``str()``: an int as its digits, a struct as
+    ``Row(...)``.) Other columns are ignored, as in Spark."""
+    types = {f.name: f.dataType.simpleString() for f in schema.fields}
+    if "value" not in types:
+        raise ValueError("the oncelog sink needs a 'value' column (string or binary)")
+    if not topic_option and "topic" not in types:
+        raise ValueError("the oncelog sink needs the 'topic' option or a 'topic' column")
+    for name, allowed in OUTPUT_COLUMN_TYPES.items():
+        if name in types and types[name] not in allowed:
+            if name == "topic" and topic_option:
+                continue  # the option overrides the column, whatever it holds (as in Spark)
+            raise ValueError(f"the oncelog sink's {name!r} column must be {' or '.join(allowed)}, not "
+                             f"{types[name]}: cast it, e.g. CAST({name} AS {allowed[-1].upper()})"
+                             if name != "headers" else
+                             f"the oncelog sink's 'headers' column must be {allowed[0]}, not {types[name]}")
+
+
 def records_from_rows(rows: Iterable[Any]) -> Iterator[OutRecord]:
     for row in rows:
         d = row.asDict() if hasattr(row, "asDict") else dict(row)
