@@ -455,3 +455,76 @@ def test_a_new_producer_whose_transactional_id_expired_before_its_first_record_s
         counts = Counter(v for _k, v in read_topic(bs, "out"))
         for tag in (b"b0", b"b1"):
             assert sorted(c for v, c in counts.items() if v.startswith(tag + b"-")) == [1] * 10, tag
+
+
+def test_only_a_producer_the_broker_forgot_or_a_passing_error_starts_over() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from oncelog.spark.sink import _restartable
+
+    def exc(code: int, **flags: bool) -> KafkaException:
+        return KafkaException(KafkaError(code, "x", **flags))
+
+    for code in (KafkaError.UNKNOWN_PRODUCER_ID, KafkaError.INVALID_PRODUCER_ID_MAPPING,
+                 KafkaError.INVALID_PRODUCER_EPOCH, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER):
+        assert _restartable(exc(code, txn_requires_abort=True)), code
+    assert _restartable(exc(KafkaError._TIMED_OUT, retriable=True))
+    assert not _restartable(exc(KafkaError.UNKNOWN_PRODUCER_ID, fatal=True)), "fenced: a newer attempt has it"
+    for code in (KafkaError._INCONSISTENT, KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+                 KafkaError.TOPIC_AUTHORIZATION_FAILED):
+        assert not _restartable(exc(code, txn_requires_abort=True)), code
+    assert not _restartable(ValueError("not librdkafka's"))
+
+
+def test_records_the_broker_refuses_fail_the_task_with_its_first_producer(broker: BrokerProcess,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records larger than the topic's max.message.bytes: every producer would meet the refusal
+    again, so the task fails at once (it used to try 1 + STALE_RESTARTS new producers first), and
+    nothing of the batch is visible. A batch that fits is written afterwards."""
+    from confluent_kafka import KafkaException
+
+    from oncelog.spark import sink
+
+    bs = broker.bootstrap
+    create_topic(bs, "small", 1, {"max.message.bytes": "2000"})
+    s = dataclasses.replace(_settings(bs, Guarantee.exactly_once), topic="small")
+    made: list[str] = []
+    real = sink._new_txn_producer
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        made.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sink, "_new_txn_producer", counted)
+    with pytest.raises(KafkaException, match="MSG_SIZE_TOO_LARGE"):
+        write_partition([(None, b"x" * 5000, None, None, None)], TaskIdentity("q-big", 0, 0), s)
+    assert len(made) == 1
+    assert read_topic(bs, "small") == []
+    assert write_partition(_records("fits", 3), TaskIdentity("q-big", 0, 0), s).rows == 3
+    assert len(read_topic(bs, "small")) == 3
+
+
+@pytest.mark.parametrize("guarantee", list(Guarantee))
+def test_an_output_topic_that_cannot_be_made_fails_the_query_at_its_start(tmp_path: Any, guarantee: Guarantee
+                                                                           ) -> None:
+    """A typo in the topic option, against a cluster that does not create topics on use: the
+    driver's preparation names the topic (the tasks used to wait 30 s per producer for their
+    records to time out; under exactly_once four producers, then "5 message(s) failed
+    delivery"). Against one that does, the preparation's request creates it, as a first produce
+    would."""
+    from oncelog.testing.broker_process import oncelog_broker
+
+    def prepare(bs: str, topic: str) -> SinkSettings:
+        return SinkSettings.from_options({"kafka.bootstrap.servers": bs, "topic": topic,
+                                          "processing.guarantee": guarantee.value}).prepare()
+
+    with oncelog_broker(tmp_path / "a", log_path=tmp_path / "a.log").start() as b:
+        with pytest.raises(ValueError, match="output topic 'typo' does not exist"):
+            prepare(b.bootstrap, "typo")
+        create_topic(b.bootstrap, "typo", 1)
+        assert prepare(b.bootstrap, "typo").topic == "typo"
+    with oncelog_broker(tmp_path / "b", "--auto-create-topics", log_path=tmp_path / "b.log").start() as b:
+        prepare(b.bootstrap, "made-on-use")
+        from confluent_kafka.admin import AdminClient
+
+        assert "made-on-use" in AdminClient({"bootstrap.servers": b.bootstrap}).list_topics(timeout=10).topics

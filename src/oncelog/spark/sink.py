@@ -203,6 +203,32 @@ class SinkSettings:
             _PREPARED[cache_key] = prepared
         return prepared
 
+    def _check_output_topic(self, admin: Any) -> None:
+        """The ``topic`` option's topic can be written: it exists, or the cluster creates it on use
+        (this metadata request asks for that, as a producer's first one would). Otherwise the query
+        fails at its start naming the topic, instead of each task waiting for its records to time
+        out (``UNKNOWN_TOPIC_OR_PART`` for 30 s, under exactly_once reported as "N message(s)
+        failed delivery"). Topics named in a ``topic`` column are met by the tasks."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        from oncelog.spark.progress import connect_error
+
+        if not self.topic:
+            return
+        try:
+            md = admin.list_topics(topic=self.topic, timeout=self.connect_timeout_s)
+        except KafkaException as exc:
+            raise connect_error(str(self.client.get("bootstrap.servers")), self.connect_timeout_s, exc,
+                                "connectTimeoutMs") from None
+        found = md.topics.get(self.topic)
+        error = found.error if found is not None else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+        if error is None or error.code() == KafkaError.LEADER_NOT_AVAILABLE:  # just made on use
+            return
+        if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            raise ValueError(f"the output topic {self.topic!r} does not exist, and the cluster does not create "
+                             f"topics on use: create it first (e.g. oncelog topics create {self.topic})")
+        raise ValueError(f"the output topic {self.topic!r} cannot be written: {error.str()}")
+
     def _prepare(self) -> SinkSettings:
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
@@ -217,9 +243,11 @@ class SinkSettings:
             except KafkaException as exc:
                 raise connect_error(str(self.client.get("bootstrap.servers")), self.connect_timeout_s, exc,
                                     "connectTimeoutMs") from None
+            self._check_output_topic(admin)
             return self
         progress = self.progress()
         partitions = progress.ensure_topic(admin, self.connect_timeout_s)
+        self._check_output_topic(admin)
         if partitions != self.progress_partitions:
             log.info("progress topic %s has %d partitions; using them (progress.partitions=%d ignored)",
                      self.progress_topic, partitions, self.progress_partitions)
@@ -654,21 +682,30 @@ STALE_RESTARTS = 3
 
 
 def _restartable(exc: BaseException) -> bool:
-    """A librdkafka error inside a transaction after which a new producer may succeed: any that is
-    not fatal. Among them the broker's saying it forgot the producer: UNKNOWN_PRODUCER_ID (its
-    state in a partition dropped: Kafka after ``producer.id.expiration.ms`` of silence there, ours
-    also past ``producer_state_max_entries``; KIP-360) and INVALID_PRODUCER_ID_MAPPING (its
-    transactional id expired: after ``transactional.id.expiration.ms``, or early past
-    ``transactional_id_max_entries``). Starting over is what Spark's retry of the task does, and is
-    as safe: the new producer's init_transactions fences this one and aborts what it left open, and
-    its progress read decides whether the batch is written. A fatal error (fenced by a newer
-    attempt) is not restartable: that attempt carries the batch."""
-    from confluent_kafka import KafkaException
+    """A librdkafka error inside a transaction after which a new producer may succeed: the broker's
+    saying it forgot the producer, UNKNOWN_PRODUCER_ID (its state in a partition dropped: Kafka
+    after ``producer.id.expiration.ms`` of silence there, ours also past
+    ``producer_state_max_entries``; KIP-360) and INVALID_PRODUCER_ID_MAPPING (its transactional id
+    expired: after ``transactional.id.expiration.ms``, or early past
+    ``transactional_id_max_entries``), their kin (an epoch or a sequence the broker no longer
+    matches), or an error librdkafka calls retriable. Starting over is what Spark's retry of the
+    task does, and is as safe: the new producer's init_transactions fences this one and aborts what
+    it left open, and its progress read decides whether the batch is written.
 
-    if not isinstance(exc, KafkaException) or not exc.args:
+    Not restartable: a fatal error (fenced by a newer attempt, which carries the batch), and the
+    others, which a new producer would meet again (records refused for their size or their topic:
+    "N message(s) failed delivery"), so the task fails at once with the error instead of after
+    1 + :data:`STALE_RESTARTS` tries."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    if not isinstance(exc, KafkaException) or not exc.args or not isinstance(exc.args[0], KafkaError):
         return False
-    fatal = getattr(exc.args[0], "fatal", None)
-    return callable(fatal) and not fatal()
+    err = exc.args[0]
+    if err.fatal():
+        return False
+    return err.code() in (KafkaError.UNKNOWN_PRODUCER_ID, KafkaError.INVALID_PRODUCER_ID_MAPPING,
+                          KafkaError.INVALID_PRODUCER_EPOCH, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER) \
+        or err.retriable()
 
 
 def _first_input_timed(records: Iterable[OutRecord] | ArrowRecords,
