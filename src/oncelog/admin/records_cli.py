@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from oncelog.admin.common import EXIT_OK, EXIT_USAGE, add_bootstrap, admin_client, fail
+from oncelog.admin.common import EXIT_OK, EXIT_USAGE, add_bootstrap, admin_client, fail, metadata
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     if args.before < -1:
         return fail("--before must be an offset >= 0, or -1 for the high watermark", EXIT_USAGE)
     admin = admin_client(args)  # must outlive the futures
+    metadata(args, admin)
     tp = TopicPartition(args.topic, args.partition, args.before)
     try:
         futures = admin.delete_records([tp], request_timeout=args.timeout, operation_timeout=args.timeout)
