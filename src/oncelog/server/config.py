@@ -59,9 +59,10 @@ AT_LEAST: dict[str, float] = {
     "quota_producer_default": 1, "quota_consumer_default": 1, "sasl_server_max_receive_size": 1024,
     "connection_failed_authentication_delay_ms": 0,
 }
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: ... and the greatest, where there is one.
 AT_MOST: dict[str, float] = {"listen_port": 65535, "advertised_port": 65535, "log_cleaner_io_buffer_load_factor": 1}
+#: What ``log_level`` may name (Python's logging levels, in any case).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass
