@@ -142,7 +142,7 @@ class FaultInjectingDataSource(OncelogDataSource):
     def name(cls) -> str:
         return "oncelog-faults"
 
-    def streamWriter(self, schema: Any, overwrite: bool) -> Any:
+    def _stream_writer(self) -> Any:
         return FaultInjectingStreamWriter(self.options)
 
 

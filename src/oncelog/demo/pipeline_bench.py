@@ -133,7 +133,7 @@ class BenchDataSource(OncelogDataSource):
     def name(cls) -> str:
         return "oncelog-bench"
 
-    def streamWriter(self, schema: Any, overwrite: bool) -> Any:
+    def _stream_writer(self) -> Any:
         return _PhaseRecordingWriter(self.options)
 
 

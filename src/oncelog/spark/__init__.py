@@ -68,10 +68,17 @@ class OncelogDataSource(DataSource):
         return KafkaBatchReader(self.options)
 
     def streamWriter(self, schema: Any, overwrite: bool) -> Any:
+        """The rows' schema is checked first, when the query starts (``sink.check_output_schema``)."""
         from oncelog.spark.options import get_option
-        from oncelog.spark.sink import KafkaStreamWriter, check_output_schema
+        from oncelog.spark.sink import check_output_schema
 
         check_output_schema(schema, topic_option=bool(get_option(self.options, "topic")))
+        return self._stream_writer()
+
+    def _stream_writer(self) -> Any:
+        """The sink's writer; the fault lab's and the bench's data sources return their own."""
+        from oncelog.spark.sink import KafkaStreamWriter
+
         return KafkaStreamWriter(self.options)
 
 
