@@ -33,7 +33,7 @@ class RecordsLost(RuntimeError):
         super().__init__(f"reading {what}: offset {offset} is out of range ({have}): its records were deleted "
                          "(retention, DeleteRecords, or the topic deleted and made again) before they were read"
                          + (f". {advice}" if advice else ""))
-        self.what, self.offset, self.available = what, offset, available
+        self.offset, self.available = offset, available
 
 
 def know_topic(consumer: Any, topic: str, timeout_s: float) -> None:
@@ -62,7 +62,8 @@ def know_topic(consumer: Any, topic: str, timeout_s: float) -> None:
 
 def consume_range(consumer: Any, topic: str, partition: int, start: int, end: int, timeout_s: float,
                   max_messages: int, poll_timeout_s: float = 0.2, what: str = "",
-                  clock: Callable[[], float] = time.monotonic, skip_lost: bool = False) -> Iterator[list[Any]]:
+                  clock: Callable[[], float] = time.monotonic, skip_lost: bool = False,
+                  lost_advice: str = "") -> Iterator[list[Any]]:
     """Yield lists of the delivered messages of ``[start, end)``, in offset order.
 
     ``consumer`` is a confluent-kafka Consumer with ``enable.partition.eof`` on and
@@ -72,9 +73,10 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
     consumer error.
 
     Records of the range the log no longer holds (deleted after the range was planned) raise
-    :class:`RecordsLost`; with ``skip_lost`` they are skipped with a warning instead, as Spark's
-    Kafka source does under ``failOnDataLoss=false``: the read goes on from the log's start, or
-    ends when nothing of the range is left (the range and the log's offsets no longer overlap).
+    :class:`RecordsLost`, whose message ends with ``lost_advice``; with ``skip_lost`` they are
+    skipped with a warning instead, as Spark's Kafka source does under ``failOnDataLoss=false``:
+    the read goes on from the log's start, or ends when nothing of the range is left (the range and
+    the log's offsets no longer overlap).
     """
     from confluent_kafka import KafkaError, Message, TopicPartition
 
@@ -110,7 +112,7 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
                         continue
                     if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
                         available = _available(consumer, topic, partition)
-                        resume = _past_lost(position, end, what, skip_lost, available)
+                        resume = _past_lost(position, end, what, skip_lost, available, lost_advice)
                         if resume is None:
                             lost_the_rest = True
                         else:
@@ -145,14 +147,15 @@ def _available(consumer: Any, topic: str, partition: int) -> tuple[int, int] | N
     return int(low), int(high)
 
 
-def _past_lost(position: int, end: int, what: str, skip_lost: bool, available: tuple[int, int] | None) -> int | None:
+def _past_lost(position: int, end: int, what: str, skip_lost: bool, available: tuple[int, int] | None,
+               advice: str) -> int | None:
     """Where a read goes on once the log no longer holds ``position`` (``available`` is what it
     holds): raises :class:`RecordsLost` unless ``skip_lost``; else the offset to read from (the
     log's start, or ``position`` itself if the log holds it again: a topic made again and refilled),
     or None when nothing of ``[position, end)`` is left. The three cases and their warnings are
     Spark's (``KafkaDataConsumer.getEarliestAvailableOffsetBetween``)."""
     if not skip_lost or available is None:
-        raise RecordsLost(what, position, available)
+        raise RecordsLost(what, position, available, advice)
     low, high = available
     if position >= high or low >= end:
         log.warning("reading %s: offset %d is out of range and the log now holds [%d, %d): records [%d, %d) "

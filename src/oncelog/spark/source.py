@@ -50,7 +50,7 @@ from oncelog.spark.options import (
     parse_offsets_spec,
     parse_partition_json,
 )
-from oncelog.spark.ranges import RecordsLost, consume_range
+from oncelog.spark.ranges import consume_range
 
 log = logging.getLogger("oncelog.spark")
 
@@ -209,15 +209,13 @@ def read_range(conf: Mapping[str, Any], rng: OffsetRange, include_headers: bool,
     pending: list[Any] = []
     done = False
     try:
-        try:
-            for msgs in consume_range(consumer, rng.topic, rng.partition, rng.start, rng.end, timeout_s, batch_rows,
-                                      what=str(rng), skip_lost=not fail_on_data_loss):
-                pending.extend(msgs)
-                if len(pending) >= batch_rows:
-                    yield _arrow_batch(pa, schema, rng, pending, include_headers)
-                    pending = []
-        except RecordsLost as exc:
-            raise RecordsLost(exc.what, exc.offset, exc.available, FAIL_ON_DATA_LOSS_ADVICE) from None
+        for msgs in consume_range(consumer, rng.topic, rng.partition, rng.start, rng.end, timeout_s, batch_rows,
+                                  what=str(rng), skip_lost=not fail_on_data_loss,
+                                  lost_advice=FAIL_ON_DATA_LOSS_ADVICE):
+            pending.extend(msgs)
+            if len(pending) >= batch_rows:
+                yield _arrow_batch(pa, schema, rng, pending, include_headers)
+                pending = []
         if pending:
             yield _arrow_batch(pa, schema, rng, pending, include_headers)
         done = True
