@@ -204,22 +204,23 @@ class SinkSettings:
         return prepared
 
     def _check_output_topic(self, admin: Any) -> None:
-        """The ``topic`` option's topic can be written: it exists, or the cluster creates it on use
-        (this metadata request asks for that, as a producer's first one would). Otherwise the query
-        fails at its start naming the topic, instead of each task waiting for its records to time
-        out (``UNKNOWN_TOPIC_OR_PART`` for 30 s, under exactly_once reported as "N message(s)
+        """Reach the cluster within ``connect_timeout_s`` (ConnectionError naming it otherwise), and
+        check that the ``topic`` option's topic can be written: it exists, or the cluster creates it
+        on use (this metadata request asks for that, as a producer's first one would). Otherwise the
+        query fails at its start naming the topic, instead of each task waiting for its records to
+        time out (``UNKNOWN_TOPIC_OR_PART`` for 30 s, under exactly_once reported as "N message(s)
         failed delivery"). Topics named in a ``topic`` column are met by the tasks."""
         from confluent_kafka import KafkaError, KafkaException
 
         from oncelog.spark.progress import connect_error
 
-        if not self.topic:
-            return
-        try:
+        try:  # topic=None: every topic's metadata, which proves only that the cluster answers
             md = admin.list_topics(topic=self.topic, timeout=self.connect_timeout_s)
         except KafkaException as exc:
             raise connect_error(str(self.client.get("bootstrap.servers")), self.connect_timeout_s, exc,
                                 "connectTimeoutMs") from None
+        if not self.topic:
+            return
         found = md.topics.get(self.topic)
         error = found.error if found is not None else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
         if error is None or error.code() == KafkaError.LEADER_NOT_AVAILABLE:  # just made on use
@@ -230,20 +231,14 @@ class SinkSettings:
         raise ValueError(f"the output topic {self.topic!r} cannot be written: {error.str()}")
 
     def _prepare(self) -> SinkSettings:
-        from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
-        from oncelog.spark.progress import admin_config, connect_error
+        from oncelog.spark.progress import admin_config
 
         check_client_config(self.client, producer=True)
         admin = AdminClient(admin_config(self.client))
         if not self.guarantee.uses_progress:
-            try:
-                admin.list_topics(timeout=self.connect_timeout_s)
-            except KafkaException as exc:
-                raise connect_error(str(self.client.get("bootstrap.servers")), self.connect_timeout_s, exc,
-                                    "connectTimeoutMs") from None
-            self._check_output_topic(admin)
+            self._check_output_topic(admin)  # reaches the cluster too
             return self
         progress = self.progress()
         partitions = progress.ensure_topic(admin, self.connect_timeout_s)
@@ -325,10 +320,9 @@ def check_output_schema(schema: Any, topic_option: bool) -> None:
         if name in types and types[name] not in allowed:
             if name == "topic" and topic_option:
                 continue  # the option overrides the column, whatever it holds (as in Spark)
+            cast = f": cast it, e.g. CAST({name} AS {allowed[-1].upper()})" if name != "headers" else ""
             raise ValueError(f"the oncelog sink's {name!r} column must be {' or '.join(allowed)}, not "
-                             f"{types[name]}: cast it, e.g. CAST({name} AS {allowed[-1].upper()})"
-                             if name != "headers" else
-                             f"the oncelog sink's 'headers' column must be {allowed[0]}, not {types[name]}")
+                             f"{types[name]}{cast}")
 
 
 def records_from_rows(rows: Iterable[Any]) -> Iterator[OutRecord]:
