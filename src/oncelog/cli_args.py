@@ -8,13 +8,17 @@ import argparse
 from collections.abc import Callable, Sequence
 
 
+def _converted(kind: Callable[[str], float], text: str, expected: str) -> float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
 def positive(kind: Callable[[str], float]) -> Callable[[str], float]:
     """A number of ``kind`` (``int`` or ``float``) greater than 0."""
     def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        value = _converted(kind, text, "a number")
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
         return value
@@ -24,10 +28,7 @@ def positive(kind: Callable[[str], float]) -> Callable[[str], float]:
 def at_least(low: int) -> Callable[[str], int]:
     """A whole number ``>= low``."""
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        value = int(_converted(int, text, "a whole number"))
         if value < low:
             raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}" if low == 0
                                              else f"must be at least {low}, got {text!r}")
@@ -41,10 +42,7 @@ count = at_least(0)
 
 def probability(text: str) -> float:
     """A number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    value = _converted(float, text, "a number")
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text!r}")
     return value
