@@ -166,18 +166,73 @@ def test_kip_360_reinit_with_current_and_retried_epochs() -> None:
     assert h.init(pid=pid + 50, epoch=1).error == ErrorCode.producer_fenced
 
 
-def test_epoch_exhaustion_allocates_a_new_producer_id() -> None:
-    h = Harness()
-    pid = h.init().producer_id
-    meta = h.state()
-    bumped = TransactionMetadata(**{**{f: getattr(meta, f) for f in meta.__dataclass_fields__},
-                                    "producer_epoch": MAX_PRODUCER_EPOCH})
+LAST_CLIENT_EPOCH = MAX_PRODUCER_EPOCH - 1  # the highest epoch InitProducerId hands out
+
+
+def _at_epoch(h: Harness, epoch: int, tid: str = "a") -> int:
+    """Puts ``tid`` (initialised, Empty) at ``epoch``, as that many re-inits would; its producer id."""
     from oncelog.coordinator.transaction import log as txnlog
 
-    h.tc.replay(txnlog.encode_key("a"), txnlog.encode_value(bumped))
+    meta = h.state(tid)
+    at = TransactionMetadata(**{**{f: getattr(meta, f) for f in meta.__dataclass_fields__}, "producer_epoch": epoch})
+    h.tc.replay(txnlog.encode_key(tid), txnlog.encode_value(at))
+    return meta.producer_id
+
+
+@pytest.mark.parametrize("epoch", [LAST_CLIENT_EPOCH, MAX_PRODUCER_EPOCH])
+def test_epoch_exhaustion_allocates_a_new_producer_id(epoch: int) -> None:
+    h = Harness()
+    h.init()
+    pid = _at_epoch(h, epoch)
     r = h.init()
     assert r.producer_id != pid and r.producer_epoch == 0
     assert h.state().previous_producer_id == pid
+
+
+def test_the_epoch_before_the_last_is_bumped_into_the_last_a_client_holds() -> None:
+    h = Harness()
+    h.init()
+    pid = _at_epoch(h, LAST_CLIENT_EPOCH - 1)
+    r = h.init(pid=pid, epoch=LAST_CLIENT_EPOCH - 1)
+    assert (r.error, r.producer_id, r.producer_epoch) == (ErrorCode.none, pid, LAST_CLIENT_EPOCH)
+
+
+def _fence_at_the_last_epoch(how: str) -> tuple[Harness, int]:
+    clock = ManualClock()
+    h = Harness(clock)
+    h.init(timeout=1000)
+    pid = _at_epoch(h, LAST_CLIENT_EPOCH)
+    h.apply(h.tc.add_partitions_to_txn("a", pid, LAST_CLIENT_EPOCH, [TP]))
+    if how == "init":
+        assert h.init(timeout=1000).error == ErrorCode.concurrent_transactions
+    elif how == "timeout":
+        clock.advance(1001)
+        for r in h.tc.expire(clock.now_ms()):
+            h.apply(r)
+    else:
+        h.apply(h.tc.abort_transaction("a"))
+    return h, pid
+
+
+@pytest.mark.parametrize("how", ["init", "timeout", "admin abort"])
+def test_a_fence_at_the_last_epoch_a_client_holds_still_bumps_it(how: str) -> None:
+    """Kafka's prepareFenceProducerEpoch bumps up to Short.MAX_VALUE. Without that bump the fenced
+    instance (at the last epoch it can hold) kept a current epoch: it could add partitions to a new
+    transaction and commit it, after the fence had aborted the records it wrote before (a torn
+    transaction, found by an adversarial probe of 32,766 InitProducerIds on a real broker)."""
+    h, pid = _fence_at_the_last_epoch(how)
+    assert h.state().state is S.COMPLETE_ABORT and h.state().producer_epoch == MAX_PRODUCER_EPOCH
+    assert h.markers == [(pid, MAX_PRODUCER_EPOCH, False, frozenset({TP}))]
+    zombie = ("a", pid, LAST_CLIENT_EPOCH)
+    assert h.tc.add_partitions_to_txn(*zombie, [("t", 1)]).error == ErrorCode.producer_fenced
+    assert h.tc.add_offsets_to_txn(*zombie, "g").error == ErrorCode.producer_fenced
+    assert h.tc.end_txn(*zombie, committed=True).error == ErrorCode.producer_fenced
+    assert h.tc.end_txn(*zombie, committed=False).error == ErrorCode.producer_fenced
+    assert h.tc.is_partition_in_transaction(*zombie, *TP) == ErrorCode.invalid_producer_epoch
+    assert h.init(pid=pid, epoch=LAST_CLIENT_EPOCH).error == ErrorCode.producer_fenced
+    r = h.init(timeout=1000)  # the new instance's (retried) init: the epochs are spent, a new id
+    assert r.error == ErrorCode.none and r.producer_id != pid and r.producer_epoch == 0
+    assert h.tc.end_txn(*zombie, committed=True).error == ErrorCode.invalid_producer_id_mapping
 
 
 def test_timeout_aborts_with_a_bumped_epoch() -> None:
@@ -340,14 +395,9 @@ def test_init_with_only_one_of_producer_id_and_epoch_is_an_invalid_request() -> 
 def test_retry_of_a_kip_360_bump_after_epoch_exhaustion_gets_the_new_producer_id() -> None:
     h = Harness()
     pid = h.init().producer_id
-    meta = h.state()
-    from oncelog.coordinator.transaction import log as txnlog
-
-    at_max = TransactionMetadata(**{**{f: getattr(meta, f) for f in meta.__dataclass_fields__},
-                                    "producer_epoch": MAX_PRODUCER_EPOCH})
-    h.tc.replay(txnlog.encode_key("a"), txnlog.encode_value(at_max))
-    r = h.init(pid=pid, epoch=MAX_PRODUCER_EPOCH)
+    _at_epoch(h, LAST_CLIENT_EPOCH)
+    r = h.init(pid=pid, epoch=LAST_CLIENT_EPOCH)
     assert r.error == ErrorCode.none and r.producer_id != pid and r.producer_epoch == 0
-    again = h.init(pid=pid, epoch=MAX_PRODUCER_EPOCH)  # the response was lost; the retry
+    again = h.init(pid=pid, epoch=LAST_CLIENT_EPOCH)  # the response was lost; the retry
     assert (again.error, again.producer_id, again.producer_epoch) == (ErrorCode.none, r.producer_id, 0)
-    assert h.init(pid=pid, epoch=MAX_PRODUCER_EPOCH - 1).error == ErrorCode.producer_fenced
+    assert h.init(pid=pid, epoch=LAST_CLIENT_EPOCH - 1).error == ErrorCode.producer_fenced

@@ -39,6 +39,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 from kio.schema.errors import ErrorCode
 
+from oncelog.coordinator.transaction.state import MAX_PRODUCER_EPOCH
 from tests.fsync_gate import FsyncGate
 from tests.inproc import API_END_TXN, InProcessBroker
 from tests.storage.helpers import batch
@@ -87,6 +88,22 @@ class TransactionModel(RuleBasedStateMachine):
         self.n = 0
         err, self.idem_pid, _ = self.b.init_producer_id(None)
         assert err == 0
+        self._near_epoch_exhaustion(TIDS[-1])
+
+    def _near_epoch_exhaustion(self, tid: str) -> None:
+        """``tid`` starts two bumps short of Short.MAX_VALUE, as 32,765 re-inits would leave it (written
+        to the transaction log, so restarts replay it): its first instance holds the last epoch a
+        client can hold, so fences at that epoch and the move to a new producer id are walked."""
+        from oncelog.coordinator.transaction.coordinator import TxnResult, _record
+
+        err, pid, _ = self.b.init_producer_id(tid, timeout_ms=TIMEOUT_MS)
+        assert err == 0
+        coordination = self.b.broker.coordination
+        meta = coordination.txn.state_of(tid)
+        assert meta is not None
+        coordination.apply_txn_result(TxnResult(records=[_record(meta.transition(
+            meta.state, producer_epoch=MAX_PRODUCER_EPOCH - 2))]))
+        self.current[tid] = (pid, MAX_PRODUCER_EPOCH - 2)
 
     def teardown(self) -> None:
         self.gate.close()
@@ -289,13 +306,15 @@ class TransactionModel(RuleBasedStateMachine):
         txn = self.open.get(tid)
         value = self._value("hostile")
         if kind == "plain-with-txn-pid":
-            data, tx = batch(pid=pid, epoch=epoch + seq, seq=seq, value=value), None
+            data, tx = batch(pid=pid, epoch=min(epoch + seq, MAX_PRODUCER_EPOCH), seq=seq, value=value), None
         elif kind == "stale-epoch":
             if epoch == 0:
                 return
             data, tx = batch(pid=pid, epoch=epoch - 1, seq=seq, txn=True, value=value), tid
         elif kind == "future-epoch":
-            data, tx = batch(pid=pid, epoch=epoch + 1 + seq, seq=0, txn=True, value=value), tid
+            if epoch == MAX_PRODUCER_EPOCH:
+                return
+            data, tx = batch(pid=pid, epoch=min(epoch + 1 + seq, MAX_PRODUCER_EPOCH), seq=0, txn=True, value=value), tid
         elif kind == "outside-txn":
             if txn is not None and tp in txn.partitions:
                 return

@@ -38,6 +38,7 @@ from oncelog.coordinator.transaction.state import (
     NO_PRODUCER_ID,
     TransactionMetadata,
     TransactionState,
+    is_epoch_exhausted,
 )
 
 S = TransactionState
@@ -173,7 +174,7 @@ class TransactionCoordinator:
             # The bump for this request already happened; answer it again (KIP-360 retry).
             return TxnResult(producer_id=meta.producer_id, producer_epoch=meta.producer_epoch)
         last_epoch = meta.producer_epoch if expected else NO_PRODUCER_EPOCH
-        if meta.producer_epoch >= MAX_PRODUCER_EPOCH:
+        if is_epoch_exhausted(meta.producer_epoch):
             new = meta.transition(S.EMPTY, producer_id=self.producer_ids.next_producer_id(),
                                   previous_producer_id=meta.producer_id, producer_epoch=0,
                                   last_producer_epoch=last_epoch, txn_timeout_ms=transaction_timeout_ms,
@@ -187,9 +188,13 @@ class TransactionCoordinator:
         return TxnResult(producer_id=new.producer_id, producer_epoch=new.producer_epoch, records=[_record(new)])
 
     def _abort_with_bump(self, meta: TransactionMetadata, now: int) -> TxnResult:
-        # At the last epoch no bump is possible; the next InitProducerId allocates a new id.
-        # A fence clears the last epoch (Kafka's prepareFenceProducerEpoch): the fenced incarnation's
-        # epoch must never pass for a retry of a KIP-360 bump.
+        # Kafka's prepareFenceProducerEpoch. The bump must happen even at the last epoch a client can
+        # hold (MAX_PRODUCER_EPOCH - 1): without it the fenced instance's epoch stays current, and it
+        # could add partitions to and commit a transaction whose first records were just aborted.
+        # No client holds MAX_PRODUCER_EPOCH (an init at an exhausted epoch allocates a new producer
+        # id), so no open transaction is ever at it; the cap only keeps the epoch a short.
+        # A fence clears the last epoch: the fenced incarnation's epoch must never pass for a retry
+        # of a KIP-360 bump.
         epoch = min(meta.producer_epoch + 1, MAX_PRODUCER_EPOCH)
         new = meta.transition(S.PREPARE_ABORT, producer_epoch=epoch, last_producer_epoch=NO_PRODUCER_EPOCH,
                               txn_last_update_timestamp_ms=now)

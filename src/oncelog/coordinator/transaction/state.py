@@ -38,7 +38,16 @@ VALID_PREVIOUS: dict[TransactionState, frozenset[TransactionState]] = {
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
-MAX_PRODUCER_EPOCH = 32766  # Short.MAX_VALUE - 1: the last epoch a producer id may use
+#: Short.MAX_VALUE. Only a fence (the coordinator's abort under a bumped epoch) reaches it, so that a
+#: client at the last epoch it can hold is still fenced; no client is ever handed it.
+MAX_PRODUCER_EPOCH = 32767
+
+
+def is_epoch_exhausted(producer_epoch: int) -> bool:
+    """Kafka's ``TransactionMetadata.isEpochExhausted``: from ``MAX_PRODUCER_EPOCH - 1`` on, the next
+    InitProducerId allocates a new producer id instead of bumping the epoch, which keeps one bump in
+    reserve for a fence."""
+    return producer_epoch >= MAX_PRODUCER_EPOCH - 1
 
 
 class IllegalStateTransition(Exception):
