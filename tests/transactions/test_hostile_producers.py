@@ -10,7 +10,13 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from oncelog.storage.partition_log import AppendOrigin
-from tests.inproc import InProcessBroker
+from tests.inproc import (
+    API_ADD_OFFSETS_TO_TXN,
+    API_ADD_PARTITIONS_TO_TXN,
+    API_END_TXN,
+    API_INIT_PRODUCER_ID,
+    InProcessBroker,
+)
 from tests.storage.helpers import batch
 
 T = "t"
@@ -237,3 +243,42 @@ def test_a_stranger_naming_its_own_transactional_id_cannot_commit_offsets_in_ano
     assert b.end_txn("tx", pid, epoch, commit=True) == 0
     r = b.call(9, 8, {"groups": [{"group_id": "g", "topics": None}], "require_stable": True})
     assert [(p.partition_index, p.committed_offset) for t in r.groups[0].topics for p in t.partitions] == [(0, 5)]
+
+
+@pytest.mark.parametrize("api, versions, fenced_since", [
+    ("InitProducerId", range(0, 5), 4), ("AddPartitionsToTxn", range(0, 4), 2),
+    ("AddOffsetsToTxn", range(0, 4), 2), ("EndTxn", range(0, 4), 2)])
+def test_a_fenced_zombie_hears_the_fence_in_its_request_versions_words(
+        b: InProcessBroker, api: str, versions: range, fenced_since: int) -> None:
+    """KIP-588's PRODUCER_FENCED (90) is unknown to a request older than ``fenced_since``: Kafka answers
+    those with INVALID_PRODUCER_EPOCH (47), which such a client handles as a fence. librdkafka 2.12
+    sends AddPartitionsToTxn v0, for one."""
+    zombie_pid, zombie_epoch = _txn_producer(b)
+    _txn_producer(b)  # the new instance: the zombie's epoch is stale
+    for version in versions:
+        ids = {"transactional_id": "tx", "producer_id": zombie_pid, "producer_epoch": zombie_epoch}
+        if api == "InitProducerId":
+            if version < 3:  # no producer id and epoch before KIP-360: nothing to be fenced by
+                continue
+            code = b.call(API_INIT_PRODUCER_ID, version, {**ids, "transaction_timeout": 60_000}).error_code
+        elif api == "AddPartitionsToTxn":
+            r = b.call(API_ADD_PARTITIONS_TO_TXN, version, {
+                f"v3_and_below_{k}": v for k, v in {**ids, "topics": [{"name": T, "partitions": [0]}]}.items()})
+            code = r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code
+        elif api == "AddOffsetsToTxn":
+            code = b.call(API_ADD_OFFSETS_TO_TXN, version, {**ids, "group_id": "g"}).error_code
+        else:
+            code = b.call(API_END_TXN, version, {**ids, "committed": True}).error_code
+        want = ErrorCode.producer_fenced if version >= fenced_since else ErrorCode.invalid_producer_epoch
+        assert code == want, (api, version, code)
+
+
+@pytest.mark.parametrize("version", range(0, 5))
+def test_an_empty_transactional_id_is_an_invalid_request(b: InProcessBroker, version: int) -> None:
+    """Kafka: only a null transactional id asks for an idempotent producer id; "" is refused."""
+    fields: dict = {"transactional_id": "", "transaction_timeout": 60_000}
+    if version >= 3:
+        fields.update(producer_id=-1, producer_epoch=-1)
+    r = b.call(API_INIT_PRODUCER_ID, version, fields)
+    assert (r.error_code, r.producer_id) == (ErrorCode.invalid_request, -1)
+    assert b.broker.coordination.txn.state_of("") is None

@@ -141,8 +141,10 @@ class TransactionCoordinator:
         """
         if (producer_id == NO_PRODUCER_ID) != (producer_epoch == NO_PRODUCER_EPOCH):
             return TxnResult(ErrorCode.invalid_request)
-        if not transactional_id:
+        if transactional_id is None:
             return TxnResult(producer_id=self.producer_ids.next_producer_id(), producer_epoch=0)
+        if not transactional_id:  # Kafka: only a null id is idempotent; an empty one is refused
+            return TxnResult(ErrorCode.invalid_request)
         if not 0 < transaction_timeout_ms <= self.transaction_max_timeout_ms:
             return TxnResult(ErrorCode.invalid_transaction_timeout)
         if transactional_id in self.pending:  # Kafka: checked first, before the epochs

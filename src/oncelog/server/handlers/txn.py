@@ -11,7 +11,7 @@ to any other request about it) until the step is whole.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol.errors import ErrorCode
@@ -26,10 +26,21 @@ def _denied(code: ErrorCode, **extra: Any) -> dict[str, Any]:
     return {"throttle_time": 0, "error_code": code, **extra}
 
 
+#: The first version of each request that knows PRODUCER_FENCED (KIP-588); an older client gets
+#: INVALID_PRODUCER_EPOCH instead, the code it handles the same way (Kafka's KafkaApis).
+_FENCED_SINCE = {"InitProducerId": 4, "EndTxn": 2, "AddPartitionsToTxn": 2, "AddOffsetsToTxn": 2}
+
+
+def _for_version(req: Request, api: str, code: ErrorCode) -> ErrorCode:
+    if code == ErrorCode.producer_fenced and req.api_version < _FENCED_SINCE[api]:
+        return ErrorCode.invalid_producer_epoch
+    return code
+
+
 def handle_init_producer_id(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     body = req.body
     c = broker.coordination
-    if body.transactional_id:
+    if body.transactional_id is not None:
         if not allowed(broker, req, Op.WRITE, R.TRANSACTIONAL_ID, body.transactional_id):
             return _denied(ErrorCode.transactional_id_authorization_failed, producer_id=-1, producer_epoch=-1)
     elif not idempotent_write_allowed(broker, req):
@@ -37,17 +48,18 @@ def handle_init_producer_id(broker: Broker, req: Request) -> dict[str, Any] | Aw
     result = c.txn.init_producer_id(
         body.transactional_id, td_ms(body.transaction_timeout),
         getattr(body, "producer_id", -1), getattr(body, "producer_epoch", -1))
-    return c.answer_when_durable(body.transactional_id or "", result, _init_producer_id_answer, bounded=True)
+    return c.answer_when_durable(body.transactional_id or "", result,
+                                 lambda r: _init_producer_id_answer(req, r), bounded=True)
 
 
-def _init_producer_id_answer(result: Any) -> dict[str, Any]:
-    return {"throttle_time": 0, "error_code": result.error,
+def _init_producer_id_answer(req: Request, result: Any) -> dict[str, Any]:
+    return {"throttle_time": 0, "error_code": _for_version(req, "InitProducerId", result.error),
             "producer_id": result.producer_id if result.error == ErrorCode.none else -1,
             "producer_epoch": result.producer_epoch if result.error == ErrorCode.none else -1}
 
 
-def _error_answer(result: Any) -> dict[str, Any]:
-    return {"throttle_time": 0, "error_code": result.error}
+def _error_answer(req: Request, api: str) -> Callable[[Any], dict[str, Any]]:
+    return lambda result: {"throttle_time": 0, "error_code": _for_version(req, api, result.error)}
 
 
 def handle_add_partitions_to_txn(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
@@ -68,15 +80,16 @@ def handle_add_partitions_to_txn(broker: Broker, req: Request) -> dict[str, Any]
                   for tp in requested}
     else:
         result = c.txn.add_partitions_to_txn(transactional_id, producer_id, producer_epoch, requested)
-        return c.answer_when_durable(transactional_id, result, lambda r: _add_partitions_answer(r.partition_errors),
-                                     bounded=True)
-    return _add_partitions_answer(errors)
+        return c.answer_when_durable(transactional_id, result,
+                                     lambda r: _add_partitions_answer(req, r.partition_errors), bounded=True)
+    return _add_partitions_answer(req, errors)
 
 
-def _add_partitions_answer(errors: dict[tuple[str, int], ErrorCode]) -> dict[str, Any]:
+def _add_partitions_answer(req: Request, errors: dict[tuple[str, int], ErrorCode]) -> dict[str, Any]:
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (topic, p), code in errors.items():
-        by_topic.setdefault(topic, []).append({"partition_index": p, "partition_error_code": code})
+        by_topic.setdefault(topic, []).append(
+            {"partition_index": p, "partition_error_code": _for_version(req, "AddPartitionsToTxn", code)})
     return {"throttle_time": 0,
             "results_by_topic_v3_and_below": [{"name": t, "results_by_partition": rs} for t, rs in by_topic.items()]}
 
@@ -89,7 +102,7 @@ def handle_add_offsets_to_txn(broker: Broker, req: Request) -> dict[str, Any] | 
     if not allowed(broker, req, Op.READ, R.GROUP, body.group_id):
         return _denied(ErrorCode.group_authorization_failed)
     result = c.txn.add_offsets_to_txn(body.transactional_id, body.producer_id, body.producer_epoch, body.group_id)
-    return c.answer_when_durable(body.transactional_id, result, _error_answer, bounded=True)
+    return c.answer_when_durable(body.transactional_id, result, _error_answer(req, "AddOffsetsToTxn"), bounded=True)
 
 
 def handle_end_txn(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
@@ -98,7 +111,7 @@ def handle_end_txn(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[d
     if not allowed(broker, req, Op.WRITE, R.TRANSACTIONAL_ID, body.transactional_id):
         return _denied(ErrorCode.transactional_id_authorization_failed)
     result = c.txn.end_txn(body.transactional_id, body.producer_id, body.producer_epoch, body.committed)
-    return c.answer_when_durable(body.transactional_id, result, _error_answer)
+    return c.answer_when_durable(body.transactional_id, result, _error_answer(req, "EndTxn"))
 
 
 def handle_describe_producers(broker: Broker, req: Request) -> dict[str, Any]:
