@@ -28,7 +28,7 @@ import bisect
 import logging
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -675,10 +675,12 @@ class PartitionLog:
         return out
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with timestamp >= ``timestamp_ms``, or None.
+        """(offset, timestamp) of the first record with timestamp >= ``timestamp_ms`` at or after the
+        log start offset, or None (Kafka's ``FileRecords.searchForTimestamp``).
 
-        The time index narrows the search to a batch; uncompressed CreateTime batches are then
-        searched record by record (prefixes only), others answer with the batch's base offset.
+        The time index narrows the search to a batch; from there each candidate batch is searched
+        record by record, compressed ones too (their records carry their own CreateTime, so the
+        batch's base offset would send a consumer back to records older than it asked for).
         """
         for seg in self.segments:
             if seg.max_timestamp < timestamp_ms or seg.size == 0:
@@ -690,11 +692,9 @@ class PartitionLog:
             for _pos, header, view in seg.iter_batches(found[0]):
                 if header.max_timestamp < timestamp_ms or header.is_control:
                     continue
-                if (header.attributes & (rb.ATTR_COMPRESSION_MASK | rb.ATTR_TIMESTAMP_TYPE)) == 0:
-                    for offset, ts in rb.record_timestamps(view, 0, header):
-                        if ts >= timestamp_ms and offset >= self.log_start_offset:
-                            return offset, ts
-                return max(header.base_offset, self.log_start_offset), header.max_timestamp
+                for offset, ts in self._record_timestamps(view, header):
+                    if ts >= timestamp_ms and offset >= self.log_start_offset:
+                        return offset, ts
         return None
 
     def offset_for_max_timestamp(self) -> tuple[int, int] | None:
@@ -702,7 +702,8 @@ class PartitionLog:
 
         Segments are visited in descending order of their max timestamp and the scan stops once no
         remaining segment can hold a larger one. Control batches (markers) are skipped: a client
-        asking for the newest record wants data, not the coordinator's timestamp.
+        asking for the newest record wants data, not the coordinator's timestamp. The offset is the
+        record's own, inside a compressed batch too (Kafka's ``RecordBatch.offsetOfMaxTimestamp``).
         """
         best: tuple[int, int] | None = None  # (timestamp, position-ordered key) of the best batch
         best_batch: tuple[LogSegment, int, rb.BatchHeader] | None = None
@@ -720,11 +721,19 @@ class PartitionLog:
             return None
         seg, pos, header = best_batch
         ts = header.max_timestamp
-        if (header.attributes & (rb.ATTR_COMPRESSION_MASK | rb.ATTR_TIMESTAMP_TYPE)) == 0:
-            for offset, record_ts in rb.record_timestamps(seg.pread(pos, header.size), 0, header):
-                if record_ts == ts and offset >= self.log_start_offset:
-                    return offset, ts
+        for offset, record_ts in self._record_timestamps(seg.pread(pos, header.size), header):
+            if record_ts == ts and offset >= self.log_start_offset:
+                return offset, ts
         return max(header.base_offset, self.log_start_offset), ts
+
+    @staticmethod
+    def _record_timestamps(view: bytes | memoryview, header: rb.BatchHeader) -> Iterator[tuple[int, int]]:
+        """(offset, timestamp) of each record of a stored batch, decompressed if need be. Under
+        LogAppendTime every record has the batch's max timestamp (the broker stamped it), so the
+        records need not be read."""
+        if header.attributes & rb.ATTR_TIMESTAMP_TYPE:
+            return iter((header.base_offset + i, header.max_timestamp) for i in range(header.last_offset_delta + 1))
+        return compression.record_timestamps(view, header)
 
     # --- producers (DescribeProducers, find-hanging) ---------------------------------------------
     def producers(self) -> list[ProducerStateEntry]:
