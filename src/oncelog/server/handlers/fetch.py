@@ -88,7 +88,7 @@ def read_fetch(broker: Broker, body: Any, isolation_level: int, max_bytes: int,
                 continue
             data: bytes | bytearray | memoryview = b""
             aborted = None
-            if fetch_offset < upper and remaining > 0:
+            if fetch_offset < upper and (remaining > 0 or total == 0):  # KIP-74: max_bytes 0 still gets a batch
                 limit = min(fp.partition_max_bytes, remaining)
                 try:
                     data, _first = plog.read_view(fetch_offset, limit, max_offset=upper,
@@ -175,6 +175,12 @@ def handle_fetch(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dic
     reached, an error, no wait asked, no partition); otherwise the rest of the fetch (pages read off
     the loop, the wait for appends) runs as a coroutine that continues from that first read."""
     body = req.body
+    if getattr(body, "session_epoch", -1) not in (0, -1):
+        # An incremental fetch (KIP-227) names a session this broker never opened: it answers every
+        # fetch with session id 0. Kafka's FetchManager answers a session it does not have so,
+        # with no partitions; reading the request as a full fetch would ignore its forgotten topics.
+        return {"throttle_time": 0, "error_code": ErrorCode.fetch_session_id_not_found, "session_id": 0,
+                "responses": []}
     isolation_level = getattr(body, "isolation_level", 0)
     # fetch.max.bytes caps what one response may carry, whatever the client asks for (except that
     # the first batch is always returned whole, KIP-74).

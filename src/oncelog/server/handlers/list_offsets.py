@@ -5,6 +5,7 @@ each answer carries the epoch of the offset (the current one for latest)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol.errors import ErrorCode
@@ -25,13 +26,16 @@ def handle_list_offsets(broker: Broker, req: Request) -> dict[str, Any]:
     body = req.body
     isolation_level = getattr(body, "isolation_level", 0)
     topics_out = []
+    asked = Counter((t.name, p.partition_index) for t in body.topics for p in t.partitions)
     for t in body.topics:
         parts = []
         for p in t.partitions:
             plog = broker.logs.get_partition(t.name, p.partition_index)
             entry: dict[str, Any] = {"partition_index": p.partition_index, "error_code": ErrorCode.none,
                                      "timestamp": -1, "offset": -1, "leader_epoch": -1}
-            if not allowed(broker, req, Op.DESCRIBE, R.TOPIC, t.name):
+            if asked[t.name, p.partition_index] > 1:  # Kafka: every copy of a partition asked twice
+                entry["error_code"] = ErrorCode.invalid_request
+            elif not allowed(broker, req, Op.DESCRIBE, R.TOPIC, t.name):
                 entry["error_code"] = ErrorCode.topic_authorization_failed
             elif plog is None:
                 entry["error_code"] = ErrorCode.unknown_topic_or_partition
