@@ -76,17 +76,20 @@ class GroupLog:
 
     # --- requests ---------------------------------------------------------------------------------
     def join(self, member: str = "", instance: str | None = None, protocols: list[tuple[str, bytes]] = RANGE,
-             group: str = "g", session: int = 10_000, rebalance: int = 20_000, require_known: bool = False) -> Box:
+             group: str = "g", session: int = 10_000, rebalance: int = 20_000, require_known: bool = False,
+             protocol_type: str = "consumer") -> Box:
         box = Box()
-        self.gc.join_group(group, member, instance, "client", "/h", session, rebalance, "consumer", protocols,
+        self.gc.join_group(group, member, instance, "client", "/h", session, rebalance, protocol_type, protocols,
                            require_known, box)
         self.flush()
         return box
 
     def sync(self, member: str, generation: int, assignments: list[tuple[str, bytes]] | None = None,
-             instance: str | None = None, group: str = "g") -> Box:
+             instance: str | None = None, group: str = "g", protocol_type: str | None = None,
+             protocol_name: str | None = None) -> Box:
         box = Box()
-        self.gc.sync_group(group, generation, member, instance, list(assignments or []), box)
+        self.gc.sync_group(group, generation, member, instance, list(assignments or []), box, protocol_type,
+                           protocol_name)
         self.flush()
         return box
 
@@ -113,6 +116,16 @@ class GroupLog:
                                            [(t, p, o, -1, None) for t, p, o in offsets])
         self.apply(result.records, producer_id, transactional=True)
         return result.errors
+
+    def offset_delete(self, partitions: list[tuple[str, int]], group: str = "g") -> tuple[Any, dict[Any, Any]]:
+        top, errors, records = self.gc.offset_delete(group, partitions)
+        self.apply(records)
+        return top, errors
+
+    def delete_groups(self, groups: list[str]) -> dict[str, Any]:
+        errors, records = self.gc.delete_groups(groups)
+        self.apply(records)
+        return errors
 
     def expire(self) -> list[tuple[bytes, bytes | None]]:
         records = self.gc.expire_offsets()

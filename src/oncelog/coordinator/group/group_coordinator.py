@@ -102,8 +102,10 @@ class GroupCoordinator:
                                    require_known_member_id, respond)
 
     def sync_group(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None,
-                   assignments: list[tuple[str, bytes]], respond: Callable[[SyncResult], None]) -> None:
-        self.membership.sync_group(group_id, generation_id, member_id, group_instance_id, assignments, respond)
+                   assignments: list[tuple[str, bytes]], respond: Callable[[SyncResult], None],
+                   protocol_type: str | None = None, protocol_name: str | None = None) -> None:
+        self.membership.sync_group(group_id, generation_id, member_id, group_instance_id, assignments, respond,
+                                   protocol_type, protocol_name)
 
     def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> ErrorCode:
         return self.membership.heartbeat(group_id, generation_id, member_id, group_instance_id)
@@ -157,10 +159,17 @@ class GroupCoordinator:
 
     def offset_delete(self, group_id: str, partitions: list[TopicPartition]
                       ) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode], list[Record]]:
-        if group_id not in self.groups:
+        """Kafka's deleteOffsets: the top-level error (GROUP_ID_NOT_FOUND; NON_EMPTY_GROUP for a group
+        with members that is not a consumer group), per-partition errors (GROUP_SUBSCRIBED_TO_TOPIC
+        for a topic the group is, or may be, subscribed to) and the tombstones of the others that
+        hold an offset, committed or pending."""
+        g = self.groups.get(group_id)
+        if g is None:
             return ErrorCode.group_id_not_found, {}, []
-        subscribed = self.membership.subscribed_topics(group_id)
-        errors = {tp: ErrorCode.group_subscribed_to_topic if tp[0] in subscribed else ErrorCode.none
+        error = g.validate_offset_delete()
+        if error != ErrorCode.none:
+            return error, {}, []
+        errors = {tp: ErrorCode.group_subscribed_to_topic if g.is_subscribed_to(tp[0]) else ErrorCode.none
                   for tp in partitions}
         records = self.offset_store.tombstones(group_id, [tp for tp, e in errors.items() if e == ErrorCode.none])
         return ErrorCode.none, errors, records
@@ -190,8 +199,8 @@ class GroupCoordinator:
         return self.membership.describe_group(group_id)
 
     def delete_groups(self, group_ids: Iterable[str]) -> tuple[dict[str, ErrorCode], list[Record]]:
-        """Per-group errors and the records (offset tombstones, then the group's tombstone) that delete
-        the deletable ones once replayed."""
+        """Per-group errors and the records (offset tombstones, for pending transactional offsets
+        too, then the group's tombstone) that delete the deletable ones once replayed."""
         errors: dict[str, ErrorCode] = {}
         records: list[Record] = []
         for gid in group_ids:
@@ -207,7 +216,7 @@ class GroupCoordinator:
         if kind == "offset":
             group_id, topic, partition = ident
             self.offset_store.replay(group_id, (topic, partition), payload, producer_id, transactional)
-            if payload is not None and not transactional:
+            if payload is not None:  # transactional too: Kafka's replay (and TxnOffsetCommit) create it
                 self.membership.ensure_group(group_id)
             return
         self.membership.replay_group(ident, value, payload)
@@ -215,8 +224,9 @@ class GroupCoordinator:
             self.offset_store.drop_group(ident)
 
     def replay_control(self, producer_id: int, commit: bool) -> None:
-        for group_id in self.offset_store.replay_control(producer_id, commit):
-            self.membership.ensure_group(group_id)
+        """A COMMIT/ABORT marker: the producer's pending offsets are applied or dropped. Their groups
+        exist: the replay of a pending offset creates its group, and a group's tombstone drops them."""
+        self.offset_store.replay_control(producer_id, commit)
 
     def loaded(self) -> None:
         """End of loading: restored members get a full session timeout to heartbeat again."""

@@ -65,6 +65,12 @@ class SyncResult:
 DEFAULT_GROUP_MAX_RECORD_BYTES = 1024 * 1024 + 12
 
 
+def _inconsistent(requested: str | None, current: str | None) -> bool:
+    """Kafka's isProtocolInconsistent: a protocol type or name the request gives and the group has
+    (both non-null) must be equal."""
+    return requested is not None and current is not None and requested != current
+
+
 def stored_group_bytes(g: GroupMetadata, assignments: dict[str, bytes]) -> int:
     """The size of ``g``'s record with ``assignments``, as Kafka's GroupMetadata value (v3) counts it:
     per member its ids, client id and host, the chosen protocol's metadata and its assignment. Our
@@ -161,10 +167,10 @@ class GroupMetadataManager:
             if self.no_room_for_a_group():
                 return respond(JoinResult(ErrorCode.coordinator_not_available, member_id=member_id))
             g = GroupMetadata(group_id, state_timestamp_ms=now)
-            if not g.supports(protocol_type, protocols):
+            if not g.supports_protocols(protocol_type, protocols):
                 return respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id=member_id))
             self.groups[group_id] = g
-        elif not g.supports(protocol_type, protocols):
+        elif not g.supports_protocols(protocol_type, protocols):
             return respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id=member_id))
         new = MemberMetadata("", group_instance_id, client_id, client_host, session_timeout_ms,
                              rebalance_timeout_ms, protocol_type, protocols)
@@ -347,9 +353,12 @@ class GroupMetadataManager:
 
     # --- SyncGroup ----------------------------------------------------------------------------------
     def sync_group(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None,
-                   assignments: list[tuple[str, bytes]], respond: Callable[[SyncResult], None]) -> None:
-        """Kafka's classic SyncGroup: member (and instance), then generation, then state. The leader's
-        SyncGroup in CompletingRebalance sets every member's assignment and makes the group Stable."""
+                   assignments: list[tuple[str, bytes]], respond: Callable[[SyncResult], None],
+                   protocol_type: str | None = None, protocol_name: str | None = None) -> None:
+        """Kafka's classic SyncGroup: member (and instance), then generation, then the protocol type
+        and name (SyncGroup v5+; INCONSISTENT_GROUP_PROTOCOL when one is given, the group has one and
+        they differ: Kafka's isProtocolInconsistent), then state. The leader's SyncGroup in
+        CompletingRebalance sets every member's assignment and makes the group Stable."""
         now = self.clock.now_ms()
         self._touch(group_id)
         g = self.groups.get(group_id)
@@ -360,6 +369,8 @@ class GroupMetadataManager:
             return respond(SyncResult(error))
         if generation_id != g.generation_id:
             return respond(SyncResult(ErrorCode.illegal_generation))
+        if _inconsistent(protocol_type, g.protocol_type) or _inconsistent(protocol_name, g.protocol_name):
+            return respond(SyncResult(ErrorCode.inconsistent_group_protocol))
         m = g.members[member_id]
         m.last_heartbeat_ms = now
         if g.state is G.PREPARING_REBALANCE:
@@ -575,10 +586,6 @@ class GroupMetadataManager:
             return ErrorCode.non_empty_group
         return ErrorCode.none
 
-    def subscribed_topics(self, group_id: str) -> set[str]:
-        g = self.groups.get(group_id)
-        return g.subscribed_topics() if g is not None and g.members else set()
-
     # --- replay -------------------------------------------------------------------------------------
     def ensure_group(self, group_id: str) -> None:
         """An offset for a group nobody joined was replayed: a "simple" group (Empty, no protocol)."""
@@ -614,9 +621,11 @@ class GroupMetadataManager:
 
     # --- admin --------------------------------------------------------------------------------------
     def list_groups(self, states_filter: Iterable[str] = ()) -> list[tuple[str, str, str]]:
-        wanted = set(states_filter)
+        """ListGroups: the live groups, those in one of ``states_filter`` if it names any; states
+        compare case-insensitively (Kafka 4 lowercases both sides)."""
+        wanted = {state.lower() for state in states_filter}
         return [(g.group_id, g.protocol_type or "", g.state.value) for g in self.groups.values()
-                if g.state is not G.DEAD and (not wanted or g.state.value in wanted)]
+                if g.state is not G.DEAD and (not wanted or g.state.value.lower() in wanted)]
 
     def describe_group(self, group_id: str) -> dict[str, Any]:
         g = self.groups.get(group_id)

@@ -100,30 +100,48 @@ class GroupMetadata:
         return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
 
     def select_protocol(self) -> str | None:
-        """The first protocol of the leader's (or any member's) preference list every member supports."""
+        """Kafka's selectProtocol: the candidates are the protocols every member supports; each member
+        votes for the first candidate in its own preference order; the most votes wins. A tie goes,
+        as in Kafka, to the protocol its ``HashMap`` of votes iterates first (``java_hash_map_order``).
+        None only for a group without members (every accepted join keeps a common protocol)."""
         if not self.members:
             return None
-        supported = [{name for name, _ in m.protocols} for m in self.members.values()]
-        common = set.intersection(*supported)
-        first = self.members.get(self.leader_id or "") or next(iter(self.members.values()))
-        for name, _ in first.protocols:
-            if name in common:
-                return name
-        return None
+        candidates = set.intersection(*({name for name, _ in m.protocols} for m in self.members.values()))
+        votes: dict[str, int] = {}
+        for m in self.members.values():
+            vote = next((name for name, _ in m.protocols if name in candidates), None)
+            if vote is not None:
+                votes[vote] = votes.get(vote, 0) + 1
+        order = java_hash_map_order(list(votes))
+        return min(votes, key=lambda name: (-votes[name], order[name]), default=None)
 
-    def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
-        if not self.members:
-            return bool(protocols)
+    def supports_protocols(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
+        """Kafka's supportsProtocols: an Empty group takes any non-empty protocol type with at least
+        one protocol; otherwise the type must be the group's and one of ``protocols`` must be
+        supported by every member (a rejoining member counts with the protocols it has now)."""
+        if self.state is GroupState.EMPTY:
+            return bool(protocol_type) and bool(protocols)
         if protocol_type != self.protocol_type:
             return False
-        names = {n for n, _ in protocols}
-        return all(names & {n for n, _ in m.protocols} for m in self.members.values())
+        supported = [{n for n, _ in m.protocols} for m in self.members.values()]
+        return any(all(name in names for names in supported) for name, _ in protocols)
+
+    def uses_consumer_group_protocol(self) -> bool:
+        """Kafka's usesConsumerGroupProtocol: the group's protocol type is "consumer"."""
+        return self.protocol_type == "consumer"
+
+    def validate_offset_delete(self) -> ErrorCode:
+        """Kafka's validateOffsetDelete: a group with members that is not a "consumer" group keeps its
+        offsets (NON_EMPTY_GROUP); a consumer group's are checked per topic (``is_subscribed_to``)."""
+        if self.state is not GroupState.EMPTY and not self.uses_consumer_group_protocol():
+            return ErrorCode.non_empty_group
+        return ErrorCode.none
 
     def subscribed_topics_known(self) -> set[str] | None:
         """Kafka's computeSubscribedTopics: the topics the members subscribe to, or None when the
         group does not know them (not a "consumer" group, no protocol chosen yet, or a member's
         subscription does not parse)."""
-        if self.protocol_type != "consumer":
+        if not self.uses_consumer_group_protocol():
             return None
         if not self.members:
             return set()
@@ -140,7 +158,7 @@ class GroupMetadata:
     def is_subscribed_to(self, topic: str) -> bool:
         """Kafka's isSubscribedToTopic: unknown subscriptions count as subscribed for consumer groups."""
         known = self.subscribed_topics_known()
-        return topic in known if known is not None else self.protocol_type == "consumer"
+        return topic in known if known is not None else self.uses_consumer_group_protocol()
 
     def offset_expiration_base(self) -> Callable[[int], int] | None:
         """Kafka's offsetExpirationCondition: given an offset's commit time, the time its retention
@@ -156,18 +174,10 @@ class GroupMetadata:
         if self.state is GroupState.EMPTY:
             since = self.state_timestamp_ms
             return lambda committed_ms: since if since >= 0 else committed_ms
-        if self.protocol_type == "consumer" and self.state is GroupState.STABLE \
+        if self.uses_consumer_group_protocol() and self.state is GroupState.STABLE \
                 and self.subscribed_topics_known() is not None:
             return lambda committed_ms: committed_ms
         return None
-
-    def subscribed_topics(self) -> set[str]:
-        topics: set[str] = set()
-        if self.protocol_type != "consumer":
-            return topics
-        for m in self.members.values():
-            topics |= decode_subscription_topics(m.metadata_for(self.protocol_name or ""))
-        return topics
 
 
 def parse_subscription_topics(data: bytes) -> set[str] | None:
@@ -190,6 +200,21 @@ def parse_subscription_topics(data: bytes) -> set[str] | None:
         return None
 
 
-def decode_subscription_topics(data: bytes) -> set[str]:
-    """Topics of a ConsumerProtocolSubscription; empty if it does not parse."""
-    return parse_subscription_topics(data) or set()
+def java_hash_map_order(names: list[str]) -> dict[str, int]:
+    """The position of each of ``names`` (distinct, in insertion order) when a ``java.util.HashMap``
+    they were put into, with its default capacity, is iterated: by bucket (``String.hashCode`` over
+    UTF-16 code units, spread by ``h ^ (h >>> 16)``, masked by the table size, which doubles past a
+    load factor of 0.75 from 16), then by insertion within a bucket. Kafka breaks ties with it."""
+    capacity = 16
+    while len(names) > capacity * 3 // 4:
+        capacity *= 2
+
+    def bucket(name: str) -> int:
+        h = 0
+        units = name.encode("utf-16-be")
+        for i in range(0, len(units), 2):
+            h = (31 * h + int.from_bytes(units[i : i + 2], "big")) & 0xFFFFFFFF
+        return (h ^ (h >> 16)) & (capacity - 1)
+
+    ranked = sorted(range(len(names)), key=lambda i: (bucket(names[i]), i))
+    return {names[i]: position for position, i in enumerate(ranked)}

@@ -4,15 +4,16 @@ Sans-IO and membership-blind: whether a member may commit is the membership modu
 asked by the coordinator facade before it calls here.
 
 Invariants:
-- State changes only in ``replay`` and ``replay_control``; every other method is a pure read that
-  returns records. So the offsets a client sees are exactly those the log holds, at runtime and after
-  loading alike.
+- State changes only in ``replay``, ``replay_control`` and ``drop_group`` (the facade's replay of
+  records and markers); every other method is a pure read that returns records. So the offsets a
+  client sees are exactly those the log holds, at runtime and after loading alike.
 - ``offsets[g]`` is never an empty dict: a group has an entry iff it has a committed offset.
 - A transactional offset (TxnOffsetCommit) lives in ``pending[producer_id][group]`` from the replay
   of its record until the COMMIT or ABORT marker of its producer reaches the offsets partition; a
   commit moves it into ``offsets``, an abort drops it. An offset tombstone also drops the pending
-  offsets of that partition (Kafka does the same), so a group or offset deleted while a transaction
-  is open does not come back when the transaction commits.
+  offsets of that partition (Kafka does the same), and DeleteGroups and OffsetDelete write one for
+  every partition with a committed *or* pending offset (``tombstones``), so a group or offset deleted
+  while a transaction is open does not come back when the transaction commits, nor after a restart.
 """
 
 from __future__ import annotations
@@ -52,9 +53,16 @@ class OffsetMetadataManager:
         return errors, records
 
     def tombstones(self, group_id: str, partitions: Iterable[TopicPartition] | None = None) -> list[Record]:
-        """Tombstones for the group's committed offsets (all of them, or those of ``partitions``)."""
-        committed = self.offsets.get(group_id, {})
-        wanted = sorted(committed) if partitions is None else [tp for tp in partitions if tp in committed]
+        """Tombstones for the group's offsets, committed or pending in an open transaction (all of
+        them, or those of ``partitions``): Kafka's deleteAllOffsets and deleteOffsets. One per
+        partition; its replay drops both kinds, so the transaction's marker brings nothing back."""
+        if partitions is None:
+            committed = self.offsets.get(group_id, {})
+            pending_only = {tp for by_group in self.pending.values() for tp in by_group.get(group_id, {})
+                            if tp not in committed}
+            wanted = sorted(committed) + sorted(pending_only)
+        else:
+            wanted = [tp for tp in partitions if self.has_committed(group_id, tp) or self.has_pending(group_id, tp)]
         return [(rec.offset_key(group_id, *tp), None) for tp in wanted]
 
     def expired_records(self, group_id: str, base_ms: Callable[[int], int] | None,
@@ -95,24 +103,27 @@ class OffsetMetadataManager:
         for by_group in self.pending.values():
             by_group.get(group_id, {}).pop(tp, None)
 
-    def replay_control(self, producer_id: int, commit: bool) -> list[str]:
+    def replay_control(self, producer_id: int, commit: bool) -> None:
         """The producer's COMMIT/ABORT marker reached the offsets partition: apply or drop its pending
-        offsets. Returns the groups that got committed offsets."""
+        offsets."""
         pending = self.pending.pop(producer_id, None)
         if not pending or not commit:
-            return []
-        groups = []
+            return
         for group_id, offsets in pending.items():
             if offsets:
                 self.offsets.setdefault(group_id, {}).update(offsets)
-                groups.append(group_id)
-        return groups
 
     def drop_group(self, group_id: str) -> None:
-        """The group's metadata tombstone was replayed: it has no committed offsets any more."""
+        """The group's metadata tombstone was replayed: it has no offsets any more, committed or
+        pending (the offset tombstones before it already dropped them: ``tombstones``)."""
         self.offsets.pop(group_id, None)
+        for by_group in self.pending.values():
+            by_group.pop(group_id, None)
 
     # --- reads ---------------------------------------------------------------------------------------
+    def has_committed(self, group_id: str, tp: TopicPartition) -> bool:
+        return tp in self.offsets.get(group_id, {})
+
     def has_pending(self, group_id: str, tp: TopicPartition) -> bool:
         return any(tp in groups.get(group_id, {}) for groups in self.pending.values())
 

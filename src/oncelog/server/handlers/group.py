@@ -79,7 +79,8 @@ async def handle_sync_group(broker: Broker, req: Request) -> dict[str, Any]:
             fut.set_result(result)
 
     c.groups.sync_group(b.group_id, b.generation_id, b.member_id, getattr(b, "group_instance_id", None),
-                        [(a.member_id, a.assignment) for a in b.assignments], respond)
+                        [(a.member_id, a.assignment) for a in b.assignments], respond,
+                        getattr(b, "protocol_type", None), getattr(b, "protocol_name", None))
     await _durable(c.flush_group_records())
     r = await fut
     await _durable(c.flush_group_records())
