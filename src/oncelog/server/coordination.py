@@ -137,6 +137,10 @@ class Coordination:
                     n_offsets += 1
         self.groups.loaded()
         log.info("loaded %d consumer offsets record(s), %d group(s)", n_offsets, len(self.groups.groups))
+        if stale := self.groups.offsets_of_missing_topics(set(self.broker.logs.topics())):
+            log.warning("removing %d committed offset(s) of deleted topics (the broker stopped before "
+                        "their removal was durable)", len(stale))
+            self.apply_records_by_group(stale)
         pending = self.txn.pending_markers()
         log.info("loaded %d transaction log record(s); %d transaction(s) to complete", n, len(pending))
         for markers in pending:
@@ -521,6 +525,11 @@ class Coordination:
         """Run the group timers; returns the earliest deadline ahead (ms, the groups' clock)."""
         self._in_background(self.apply_records_by_group(self.groups.tick()))
         return self.groups.next_timer_ms
+
+    def on_topic_deleted(self, topic: str) -> AnsweredWhenDurable | None:
+        """Remove every group's offsets of the deleted ``topic`` (records, then replay); what the
+        DeleteTopics answer waits for. If the broker stops first, :meth:`load` removes them."""
+        return self.apply_records_by_group(self.groups.on_topics_deleted({topic}))
 
     def expire_offsets(self) -> None:
         self._in_background(self.apply_records_by_group(self.groups.expire_offsets()))

@@ -174,6 +174,17 @@ class GroupCoordinator:
         records = self.offset_store.tombstones(group_id, [tp for tp, e in errors.items() if e == ErrorCode.none])
         return ErrorCode.none, errors, records
 
+    def on_topics_deleted(self, topics: set[str]) -> list[Record]:
+        """Kafka's onPartitionsDeleted: the tombstones of every group's offsets of ``topics``,
+        committed or pending (``OffsetMetadataManager.tombstones_for_topics``)."""
+        return self.offset_store.tombstones_for_topics(topics)
+
+    def offsets_of_missing_topics(self, existing: set[str]) -> list[Record]:
+        """The tombstones of offsets whose topic is not in ``existing``: a topic deleted by a broker
+        that stopped before its offsets' tombstones were durable (no offset is ever recorded for a
+        partition that does not exist, so this is the only way to hold one)."""
+        return self.on_topics_deleted(self.offset_store.topics() - existing)
+
     def expire_offsets(self) -> list[Record]:
         """Kafka's cleanupGroupMetadata: for every group, tombstones for its expired offsets (see
         ``GroupMetadata.offset_expiration_base``; never an offset a transaction is about to

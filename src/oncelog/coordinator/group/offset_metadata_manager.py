@@ -65,6 +65,25 @@ class OffsetMetadataManager:
             wanted = [tp for tp in partitions if self.has_committed(group_id, tp) or self.has_pending(group_id, tp)]
         return [(rec.offset_key(group_id, *tp), None) for tp in wanted]
 
+    def tombstones_for_topics(self, topics: set[str]) -> list[Record]:
+        """Kafka's onPartitionsDeleted: in every group, a tombstone for each partition of ``topics``
+        that holds an offset, committed or pending in an open transaction (whose COMMIT would
+        otherwise bring it back). A topic made again under the same name must not start its
+        consumers at the old topic's offsets."""
+        held: dict[str, set[TopicPartition]] = {}
+        for group_id, offsets in self.offsets.items():
+            held.setdefault(group_id, set()).update(tp for tp in offsets if tp[0] in topics)
+        for by_group in self.pending.values():
+            for group_id, offsets in by_group.items():
+                held.setdefault(group_id, set()).update(tp for tp in offsets if tp[0] in topics)
+        return [(rec.offset_key(group_id, *tp), None) for group_id in sorted(held) for tp in sorted(held[group_id])]
+
+    def topics(self) -> set[str]:
+        """Every topic some group holds an offset of, committed or pending."""
+        found = {tp[0] for offsets in self.offsets.values() for tp in offsets}
+        found.update(tp[0] for by_group in self.pending.values() for offsets in by_group.values() for tp in offsets)
+        return found
+
     def expired_records(self, group_id: str, base_ms: Callable[[int], int] | None,
                         is_subscribed: Callable[[str], bool], now_ms: int, retention_ms: int
                         ) -> tuple[list[Record], bool]:

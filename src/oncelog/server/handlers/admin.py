@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request
+from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.authz import Op, R, allowed, create_topic_allowed
 from oncelog.storage import errors as storage_errors
 from oncelog.storage.config import describe_topic_configs
@@ -120,19 +123,51 @@ async def create_topic_off_loop(broker: Broker, name: str, num_partitions: int, 
     return await asyncio.shield(asyncio.ensure_future(build_and_register()))
 
 
-def handle_delete_topics(broker: Broker, req: Request) -> dict[str, Any]:
-    body = req.body
-    if hasattr(body, "topics"):
+_NO_TOPIC_ID = uuid.UUID(int=0)
+
+
+def _topics_to_delete(broker: Broker, body: Any) -> list[tuple[str | None, uuid.UUID | None, str | None]]:
+    """The request's topics as (name, id, why it is refused), Kafka's checks of ControllerApis'
+    deleteTopics: an entry (v6+) names a topic or gives its id, never both, never neither; a name or
+    id given twice is refused once, as "Duplicate". Ids are resolved to the names they stand for
+    now (an unknown id: name None). Answered in request order, a duplicate where it first appears."""
+    if hasattr(body, "topics"):  # kio reads the zero id (no id) as None
         by_id = {info.topic_id: name for name, info in broker.logs.topics().items()}
-        names = [(t.name or by_id.get(t.topic_id), t.topic_id) for t in body.topics]
+        given = [(t.name, t.topic_id or _NO_TOPIC_ID) for t in body.topics]
     else:
-        names = [(n, None) for n in body.topic_names]
+        by_id, given = {}, [(n, _NO_TOPIC_ID) for n in body.topic_names]
+    counts = Counter(name if name is not None else topic_id for name, topic_id in given)
+    out: list[tuple[str | None, uuid.UUID | None, str | None]] = []
+    seen: set[object] = set()
+    for name, topic_id in given:
+        key = name if name is not None else topic_id
+        if name is None and topic_id == _NO_TOPIC_ID:
+            out.append((None, topic_id, "Neither topic name nor id were specified."))
+        elif name is not None and topic_id != _NO_TOPIC_ID:
+            out.append((name, topic_id, "You may not specify both topic name and topic id."))
+        elif counts[key] > 1:
+            if key not in seen:
+                seen.add(key)
+                out.append((name, topic_id if name is None else _NO_TOPIC_ID,
+                             f"Duplicate topic {'name' if name is not None else 'id'}."))
+        else:
+            out.append((name if name is not None else by_id.get(topic_id), topic_id, None))
+    return out
+
+
+def handle_delete_topics(broker: Broker, req: Request) -> dict[str, Any] | AnsweredWhenDurable:
+    """DeleteTopics. A deleted topic's committed offsets go with it, in every group (Kafka's
+    onPartitionsDeleted): the answer waits until their tombstones are durable, so that a topic made
+    again under the same name never starts its consumers at the old topic's offsets."""
     out = []
-    for name, topic_id in names:
+    waits = []
+    for name, topic_id, invalid in _topics_to_delete(broker, req.body):
         entry: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": ErrorCode.none,
                                  "error_message": None}
         info = broker.logs.topics().get(name) if name else None
-        if name is not None and not allowed(broker, req, Op.DELETE, R.TOPIC, name):
+        if invalid is not None:
+            entry.update(error_code=ErrorCode.invalid_request, error_message=invalid)
+        elif name is not None and not allowed(broker, req, Op.DELETE, R.TOPIC, name):
             entry["error_code"] = ErrorCode.topic_authorization_failed
         elif name is None or info is None:
             entry["error_code"] = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
@@ -149,9 +184,14 @@ def handle_delete_topics(broker: Broker, req: Request) -> dict[str, Any]:
                 continue
             for p in range(info.num_partitions):
                 broker.notify_append((name, p))
+            if (wait := broker.coordination.on_topic_deleted(name)) is not None:
+                waits.append(wait)
             log.info("deleted topic %s", name)
         out.append(entry)
-    return {"throttle_time": 0, "responses": out}
+    response = {"throttle_time": 0, "responses": out}
+    if not waits:
+        return response
+    return AnsweredWhenDurable(broker, [d for w in waits for d in w.durability], response)
 
 
 def handle_create_partitions(broker: Broker, req: Request) -> dict[str, Any]:
