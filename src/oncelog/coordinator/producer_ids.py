@@ -44,6 +44,17 @@ class ProducerIdManager:
         """True if ``producer_id`` may have been handed out (by this or an earlier run)."""
         return 0 <= producer_id < self._next
 
+    def ensure_above(self, producer_id: int) -> bool:
+        """Never hand out ``producer_id`` or any id below it: one the logs hold (a producer's batches,
+        a transactional id's state). A block file lost or restored from an older copy would
+        otherwise hand out ids again, and a new producer's first batches would be taken for an old
+        one's duplicates. The new start is durable before this returns. True if it moved."""
+        if producer_id < self._next:
+            return False
+        self._next = self._block_end = producer_id + 1
+        self._persist(self._block_end)
+        return True
+
     def _persist(self, value: int) -> None:
         fileio.fs.write_atomic(self.path, str(value).encode())
 

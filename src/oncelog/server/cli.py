@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(cfg.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     from oncelog.storage import descriptors
+    from oncelog.storage.errors import StorageError
 
     raised = descriptors.raise_soft_limit()  # every segment keeps its file open
     if raised is not None:
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
             uvloop.run(serve(cfg))
         else:
             asyncio.run(serve(cfg))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, StorageError) as exc:
         print(f"oncelog broker: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -137,6 +137,7 @@ class Coordination:
                     n_offsets += 1
         self.groups.loaded()
         log.info("loaded %d consumer offsets record(s), %d group(s)", n_offsets, len(self.groups.groups))
+        self._producer_ids_above_the_logs()
         if stale := self.groups.offsets_of_missing_topics(set(self.broker.logs.topics())):
             log.warning("removing %d committed offset(s) of deleted topics (the broker stopped before "
                         "their removal was durable)", len(stale))
@@ -156,6 +157,17 @@ class Coordination:
         if not clean_shutdown and not self.broker.config.flush_every_append:
             self._abort_open_transactions_after_a_crash()
         self._abort_hanging_transactions()
+
+    def _producer_ids_above_the_logs(self) -> None:
+        """The producer id block file is one small file beside the logs; if it was lost or is older
+        than they are, the next ids start above every id the logs hold (``ensure_above``)."""
+        seen = max((pid for plog in self.broker.logs.partitions().values() for pid in plog.producer_state.producers),
+                   default=-1)
+        for meta in self.txn.transactions.values():
+            seen = max(seen, meta.producer_id, meta.previous_producer_id)
+        if self.producer_ids.ensure_above(seen):
+            log.warning("producer id block file %s was behind the logs (producer id %d in use): producer ids now "
+                        "start at %d", self.producer_ids.path, seen, seen + 1)
 
     def _abort_open_transactions_after_a_crash(self) -> None:
         """After an unclean stop with background fsync, a transaction that was Ongoing may have lost

@@ -36,6 +36,7 @@ from oncelog.storage.errors import (
     InvalidPartitionsError,
     InvalidTopicError,
     PartitionsNotBuiltError,
+    StorageError,
     TopicExistsError,
 )
 from oncelog.storage.log_cleaner import CleanerConfig, CleanJob, LogCleanerManager
@@ -102,16 +103,32 @@ class LogManager:
         return self.meta_dir / "topics.json"
 
     def _load(self) -> None:
+        """Load topics.json and every partition it names; remove a partition directory it does not
+        name (a topic deleted, or one whose creation a crash cut short). Without topics.json the
+        data directory must hold no records: otherwise every partition of it would be removed as
+        unknown, so the broker refuses to start instead (the file must be restored)."""
+        path = self._meta_path()
         try:
-            raw = self._meta_path().read_bytes()
-            doc = json.loads(raw)
-            self._meta_bytes = len(raw)
+            raw = path.read_bytes()
         except FileNotFoundError:
-            doc = {"topics": []}
-        for t in doc["topics"]:
-            info = TopicInfo(t["name"], uuid.UUID(t["topic_id"]), int(t["num_partitions"]), dict(t["configs"]),
-                             bool(t.get("internal", False)))
-            self._topics[info.name] = info
+            raw = None
+            holding = self._partitions_holding_records()
+            if holding:
+                raise StorageError(
+                    f"{path} is missing, but {len(holding)} partition directories hold records (such as "
+                    f"{holding[0]}): without it they would be taken for deleted topics and removed. Restore "
+                    "it (a backup, or the file of the broker this data directory belongs to) and start again") \
+                    from None
+        try:
+            doc = json.loads(raw) if raw is not None else {"topics": []}
+            self._meta_bytes = len(raw or b"")
+            for t in doc["topics"]:
+                info = TopicInfo(t["name"], uuid.UUID(t["topic_id"]), int(t["num_partitions"]),
+                                 dict(t["configs"]), bool(t.get("internal", False)))
+                self._topics[info.name] = info
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StorageError(f"{path} is corrupt ({type(exc).__name__}: {exc}); restore it and start again") \
+                from None
         expected = set()
         checkpoint = recovery_checkpoint.read(self._checkpoint_path())
         for info in self._topics.values():
@@ -128,6 +145,12 @@ class LogManager:
             if d.is_dir() and d.name != "__meta" and stray:
                 log.warning("removing directory %s of a deleted or unknown topic", d)
                 fileio.fs.rmtree(d)
+
+    def _partitions_holding_records(self) -> list[Path]:
+        """Directories of the data directory named like a partition with a non-empty segment."""
+        return sorted(d for d in self.data_dir.iterdir()
+                      if d.is_dir() and d.name != "__meta" and re.match(r".+-\d+$", d.name)
+                      and any(f.stat().st_size > 0 for f in d.glob("*.log")))
 
     def _take_leadership(self) -> None:
         """Each start of the broker is a new leader epoch for every partition (as a restarted Kafka
