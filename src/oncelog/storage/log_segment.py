@@ -78,7 +78,7 @@ class LogSegment:
         self.path = directory / f"{stem}.log"
         self.offset_index = OffsetIndex(directory / f"{stem}.index", base_offset)
         self.time_index = TimeIndex(directory / f"{stem}.timeindex", base_offset)
-        self.txn_index = TransactionIndex(directory / f"{stem}.txnindex")
+        self.txn_index = TransactionIndex(directory / f"{stem}.txnindex", base_offset)
         self.index_interval_bytes = index_interval_bytes
         self.created_ms = created_ms
         self.fd = fileio.fs.open_rw(self.path)
@@ -182,36 +182,52 @@ class LogSegment:
         return os.pread(self.fd, length, position)
 
     def find_position(self, offset: int, nowait: bool = False) -> tuple[int, rb.BatchHeader] | None:
-        """Position and header of the batch containing ``offset`` (or the first after it)."""
+        """Position and header of the batch containing ``offset`` (or the first after it), a batch
+        wholly inside ``size``; None when the segment has none: its data ends first, or a batch on
+        the way is implausible or runs past ``size`` (a damaged length field, a file cut below the
+        recovery point). As Kafka's ``FileLogInputStream.nextBatch`` returns null for a batch past
+        the end of the file, that is the segment's end, and a read goes on with the next segment.
+        ``size`` only ever covers whole appended batches (it moves after the write), so this never
+        cuts short a write in progress on the active segment."""
         pos = self.offset_index.lookup(offset)
         while pos < self.size:
             head = self.pread(pos, rb.HEADER_SIZE, nowait)
             if len(head) < rb.HEADER_SIZE:
                 return None
             header = rb.read_header(head)
-            if header.batch_length < rb.HEADER_SIZE - rb.LOG_OVERHEAD:
+            if header.batch_length < rb.HEADER_SIZE - rb.LOG_OVERHEAD or pos + header.size > self.size:
                 return None
             if header.last_offset >= offset:
                 return pos, header
             pos += header.size
         return None
 
-    def boundary_position(self, offset: int) -> int:
-        """Byte position where the batch starting at ``offset`` begins (or where plausible data ends).
+    def boundary_position(self, offset: int) -> int | None:
+        """Byte position of the batch boundary at ``offset``: where the first batch at or after
+        ``offset`` begins, or the end of the data when its last batch ends just before ``offset``.
 
-        Used by recovery to skip the trusted prefix: ``offset`` is a recovery point, always a batch
-        boundary, and anything after it may be torn.
+        ``offset`` is a recovery point or a snapshot's offset: a log end once, so a boundary of
+        intact data. None when the data does not reach it that way: the file ends before it (cut
+        between batches or inside one), a batch straddles it, or a header on the way is implausible
+        or runs past the end of the file. The segment was then damaged below ``offset``, and only
+        its data can tell where the log ends (Kafka never takes a log end from a recovery point).
         """
         pos = self.offset_index.lookup(offset)
+        end = self.base_offset  # one past the last offset of the batches walked (none yet: the base)
         while pos < self.size:
             head = self.pread(pos, rb.HEADER_SIZE)
             if len(head) < rb.HEADER_SIZE:
-                return pos
+                return None
             header = rb.read_header(head)
-            if header.base_offset >= offset or header.batch_length < rb.HEADER_SIZE - rb.LOG_OVERHEAD:
+            if header.batch_length < rb.HEADER_SIZE - rb.LOG_OVERHEAD or pos + header.size > self.size:
+                return None
+            if header.base_offset >= offset:
                 return pos
+            if header.last_offset >= offset:
+                return None
+            end = header.last_offset + 1
             pos += header.size
-        return min(pos, self.size)
+        return pos if end == offset else None
 
     def iter_batches(self, position: int = 0, chunk: int = 1 << 20):
         """Yield (position, header, bytes) for complete batches from ``position``; headers only

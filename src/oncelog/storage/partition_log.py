@@ -17,7 +17,11 @@ loaded, or rebuilt from batch headers if missing); producer state is loaded from
 replayed from the batch headers between its offset and the recovery point (bounded by
 ``_snapshot_due``); then only the unflushed tail is scanned, CRC-checked, truncated at the first
 torn or corrupt batch (with a WARNING), and replayed into the producer state. Recovery time is thus
-bounded by the flush interval and the snapshot interval, not by the size of the log.
+bounded by the flush interval and the snapshot interval, not by the size of the log. The log end
+always comes from the data: a segment whose data does not reach the recovery point at a batch
+boundary is validated from its start instead, and the recovery point clamped to the log end; a
+corrupt aborted-transaction index is rebuilt from the data (``_recover_from_start``,
+``_damaged_aborted_indexes``; docs/design/storage.md, "Damage below the recovery point").
 
 Only the broker's event loop thread calls a partition log; no locking.
 """
@@ -323,18 +327,21 @@ class PartitionLog:
             if recovery_point > bases[0]:
                 replay_from = bases[0]
             recovery_point = max(recovery_point, bases[0])
+        damaged = self._damaged_aborted_indexes()
         short = [seg.path.name for seg in self.segments
                  if self._flushed_aborted_txns(seg, recovery_point) < expected_aborted.get(seg.base_offset, 0)]
-        if recovery_point > bases[0] and short:
-            log.warning("%s: the aborted-transaction index of %s misses entries below the recovery point %d; "
-                        "rebuilding the log's indexes and producer state from its start", self.name,
-                        ", ".join(short), recovery_point)
+        if recovery_point > bases[0] and (short or damaged):
+            if short:
+                log.warning("%s: the aborted-transaction index of %s misses entries below the recovery point %d",
+                            self.name, ", ".join(short), recovery_point)
+            log.warning("%s: rebuilding the log's indexes and producer state from its start", self.name)
             self.producer_state = ProducerStateManager()
             recovery_point = bases[0]
             replay_from = self.snapshot_offset = None
-            for seg in self.segments:
-                seg.txn_index.load(2**62)
-                seg.txn_index.truncate_to_offset(seg.base_offset)
+            damaged = self.segments
+        for seg in damaged:  # rebuilt from the data by the replay below
+            seg.txn_index.load(2**62)
+            seg.txn_index.truncate_to_offset(seg.base_offset)
         first_unflushed = 0
         for i in range(len(self.segments)):
             if i + 1 < len(self.segments) and self.segments[i + 1].base_offset <= recovery_point:
@@ -347,18 +354,21 @@ class PartitionLog:
                 seg.next_offset = seg.base_offset
                 seg.recover(0, validate=False, partition=self.name)
                 seg.next_offset = self.segments[i + 1].base_offset
-            if replay_from is not None:  # this segment's part below the recovery point, if any
-                replayed_batches += self._replay_trusted(seg, replay_from, recovery_point)
-            if i < first_unflushed:
-                continue
-            # Trusted prefix of this segment: start scanning at the recovery point's position.
-            if seg.base_offset < recovery_point:
+            # Trusted prefix of the segment holding the recovery point: scanning starts at the
+            # recovery point's position, if the data reaches it (else see _recover_from_start).
+            start_pos: int | None = 0
+            if i == first_unflushed and seg.base_offset < recovery_point:
                 start_pos = seg.boundary_position(recovery_point)
-                seg.next_offset = recovery_point
+            if start_pos is None:
+                found_batches, replayed = self._recover_from_start(i, recovery_point)
+                replayed_batches += replayed
             else:
-                start_pos = 0
-                seg.next_offset = seg.base_offset
-            found_batches = seg.recover(start_pos, validate=True, partition=self.name)
+                if replay_from is not None:  # this segment's part below the recovery point, if any
+                    replayed_batches += self._replay_trusted(seg, replay_from, recovery_point)
+                if i < first_unflushed:
+                    continue
+                seg.next_offset = max(seg.base_offset, recovery_point)
+                found_batches = seg.recover(start_pos, validate=True, partition=self.name)
             scanned_batches += len(found_batches)
             self._replay(seg, found_batches)
             for _pos, header in found_batches:  # the unflushed tail's epochs, from the batches
@@ -389,6 +399,50 @@ class PartitionLog:
                      "state of %d below it; log end offset %d", self.name, scanned_batches, self.recovery_point,
                      replayed_batches, self.log_end_offset)
 
+    def _recover_from_start(self, i: int, recovery_point: int) -> tuple[list[tuple[int, rb.BatchHeader]], int]:
+        """Recover ``segments[i]``, the segment holding ``recovery_point``, whose data does not reach
+        it at a batch boundary (its file was cut, or a batch below it is torn or damaged): validate
+        it from byte 0 and truncate it at the first invalid or incomplete batch (``recover``), so its
+        end comes from its data, as Kafka's log end does, and never lies past it. The recovery point
+        is then clamped to that end (``_load``'s last steps).
+
+        The producer state is the snapshot's (or empty at the log start) plus the batches the earlier
+        segments replayed, i.e. the state at the snapshot's offset or at this segment's base,
+        whichever is later. If that offset lies past the data left, the snapshot describes batches
+        that are gone: the state is rebuilt from the log start. Returns the batches to replay (those
+        at or after that offset) and how many the rebuild replayed."""
+        seg, first = self.segments[i], self.segments[0].base_offset
+        seg.next_offset = seg.base_offset
+        found = seg.recover(0, validate=True, partition=self.name)
+        log.warning("recovery of %s: the data of segment %s does not reach the recovery point %d at a batch "
+                    "boundary (its file was cut or damaged): validated from its start, it ends at offset %d",
+                    self.name, seg.path.name, recovery_point, seg.next_offset)
+        state_at = first if self.snapshot_offset is None else self.snapshot_offset
+        replayed = 0
+        if state_at > seg.next_offset:
+            log.warning("recovery of %s: the producer state snapshot at %d lies past the data; rebuilding the "
+                        "producer state from the log start %d", self.name, state_at, first)
+            self.producer_state = ProducerStateManager()
+            self.snapshot_offset = None
+            state_at = first
+            for earlier in self.segments[:i]:
+                replayed += self._replay_trusted(earlier, first, seg.base_offset)
+        seg.txn_index.truncate_to_offset(max(state_at, seg.base_offset))
+        return [(pos, header) for pos, header in found if header.base_offset >= state_at], replayed
+
+    def _damaged_aborted_indexes(self) -> list[LogSegment]:
+        """Segments whose aborted-transaction index fails its sanity check (Kafka's
+        ``CorruptIndexException``): each is logged; the caller rebuilds them from the data."""
+        damaged = []
+        ends = [seg.base_offset for seg in self.segments[1:]] + [INT64_MAX]
+        for seg, end in zip(self.segments, ends, strict=True):
+            reason = seg.txn_index.sanity_check(end)
+            if reason is not None:
+                log.warning("%s: the aborted-transaction index %s is corrupt (%s)", self.name,
+                            seg.txn_index.path.name, reason)
+                damaged.append(seg)
+        return damaged
+
     @staticmethod
     def _flushed_aborted_txns(seg: LogSegment, recovery_point: int) -> int:
         """How many of ``seg``'s aborted-transaction entries on disk describe markers below ``recovery_point``."""
@@ -403,10 +457,12 @@ class PartitionLog:
         if seg.base_offset >= end or (seg.next_offset > seg.base_offset and seg.next_offset <= start):
             return 0
         batches = []
-        for pos, header, _data in seg.iter_batches(seg.boundary_position(start) if seg.base_offset < start else 0):
+        from_pos = seg.boundary_position(start) if seg.base_offset < start else 0
+        for pos, header, _data in seg.iter_batches(from_pos or 0):
             if header.base_offset >= end:
                 break
-            batches.append((pos, header))
+            if header.base_offset >= start:
+                batches.append((pos, header))
         self._replay(seg, batches)
         return len(batches)
 

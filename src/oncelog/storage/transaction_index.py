@@ -10,6 +10,11 @@ whenever the marker it describes is below the recovery point). Entries of marker
 recovery point are rebuilt by replaying the unflushed tail; a missing or short file below it is
 detected by the partition log (it records how many entries the flushed prefix holds) and rebuilt
 by replaying the log. Loading drops entries whose marker is past the end of the recovered log.
+
+A damaged file below the recovery point (zeroed, overwritten) can hold as many entries as the
+snapshot expects: :meth:`TransactionIndex.sanity_check` (Kafka's ``TransactionIndex.sanityCheck``,
+stricter) finds entries that cannot describe a marker of this segment, and the partition log then
+rebuilds the index from the data; :meth:`TransactionIndex.load` never keeps such an entry.
 """
 
 from __future__ import annotations
@@ -33,31 +38,56 @@ class AbortedTxn:
 
 
 class TransactionIndex:
-    """Invariant: ``entries`` are in marker (last_offset) order, unique by (producer_id, last_offset);
-    the first ``_persisted`` of them are in the file. For :meth:`overlapping` without a scan of every
-    entry: ``_suffix_min_first[i]`` is the smallest first_offset of ``entries[i:]``."""
+    """Invariant: ``entries`` are in marker (last_offset) order, unique by (producer_id, last_offset),
+    each sane for a segment starting at ``base_offset`` (:func:`_insane`); the first ``_persisted`` of
+    them are in the file. For :meth:`overlapping` without a scan of every entry:
+    ``_suffix_min_first[i]`` is the smallest first_offset of ``entries[i:]``."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, base_offset: int = 0) -> None:
         self.path = path
+        self.base_offset = base_offset
         self.entries: list[AbortedTxn] = []
         self._keys: set[tuple[int, int]] = set()
         self._persisted = 0
         self._suffix_min_first: list[int] = []
 
     def load(self, log_end_offset: int) -> None:
+        """The file's entries whose marker lies below ``log_end_offset``, in order; an entry that is
+        insane, out of order or a duplicate is dropped (and the file rewritten without it)."""
         raw = fileio.read_file(self.path) or b""
         self.entries = []
         self._keys = set()
         for i in range(len(raw) // _ENTRY.size):
             e = AbortedTxn(*_ENTRY.unpack_from(raw, i * _ENTRY.size))
             if e.last_offset < log_end_offset and (e.producer_id, e.last_offset) not in self._keys and \
-                    (not self.entries or e.last_offset > self.entries[-1].last_offset):
+                    (not self.entries or e.last_offset > self.entries[-1].last_offset) and \
+                    _insane(e, self.base_offset, log_end_offset) is None:
                 self.entries.append(e)
                 self._keys.add((e.producer_id, e.last_offset))
         self._persisted = len(self.entries)
         self._reindex()
         if len(self.entries) * _ENTRY.size != len(raw):
             self._rewrite()
+
+    def sanity_check(self, next_offset: int) -> str | None:
+        """Why the file cannot be this segment's index of aborted transactions whose markers lie in
+        [``base_offset``, ``next_offset``), or None: Kafka's ``sanityCheck`` refuses an entry whose
+        last offset is below the segment's base; here every field of every whole entry is checked
+        (:func:`_insane`), the markers must be in order, and a transaction's data must precede its
+        marker (an entry of zeros, sane for a segment at offset 0, has first offset = marker). A
+        torn last entry is not damage (an append a crash cut short): :meth:`load` drops it."""
+        raw = fileio.read_file(self.path) or b""
+        last = -1
+        for i in range(len(raw) // _ENTRY.size):
+            e = AbortedTxn(*_ENTRY.unpack_from(raw, i * _ENTRY.size))
+            if (reason := _insane(e, self.base_offset, next_offset)) is not None:
+                return f"entry {i} {e}: {reason}"
+            if e.first_offset == e.last_offset:
+                return f"entry {i} {e}: no data before its marker"
+            if e.last_offset <= last:
+                return f"entry {i} {e}: its marker is not after the previous entry's ({last})"
+            last = e.last_offset
+        return None
 
     def append(self, entry: AbortedTxn) -> None:
         """Index an aborted transaction (in memory until :meth:`flush`); a replayed one is ignored."""
@@ -128,6 +158,22 @@ class TransactionIndex:
         if not self.entries and fileio.read_file(self.path) is None:
             return
         fileio.fs.write_atomic(self.path, b"".join(_pack(e) for e in self.entries[:self._persisted]))
+
+
+def _insane(e: AbortedTxn, base_offset: int, next_offset: int) -> str | None:
+    """Why ``e`` cannot describe a transaction aborted by a marker of the segment [``base_offset``,
+    ``next_offset``), or None. A transaction's first offset is at most its marker's (it may lie in an
+    earlier segment); the last stable offset before the marker was at most the marker's
+    offset (it may pass the first offset only where DeleteRecords moved the log start)."""
+    if e.producer_id < 0:
+        return "negative producer id"
+    if not base_offset <= e.last_offset < next_offset:
+        return f"marker outside the segment's offsets [{base_offset}, {next_offset})"
+    if not 0 <= e.first_offset <= e.last_offset:
+        return "first offset not in [0, marker]"
+    if not 0 <= e.last_stable_offset <= e.last_offset:
+        return "last stable offset not in [0, marker]"
+    return None
 
 
 def _pack(e: AbortedTxn) -> bytes:
