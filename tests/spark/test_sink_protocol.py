@@ -528,3 +528,43 @@ def test_an_output_topic_that_cannot_be_made_fails_the_query_at_its_start(tmp_pa
         from confluent_kafka.admin import AdminClient
 
         assert "made-on-use" in AdminClient({"bootstrap.servers": b.bootstrap}).list_topics(timeout=10).topics
+
+
+@pytest.mark.parametrize("reuse", [False, True], ids=["reuse-off", "reuse-on"])
+def test_a_speculative_copy_does_not_fence_the_first_attempt_while_it_reads(broker: BrokerProcess,
+                                                                           reuse: bool) -> None:
+    """Spark's speculation runs a second attempt of a slow partition beside the first; the first to
+    finish wins and the other is killed, at no cost. Both attempts share the partition's
+    transactional id, so the copy's init_transactions fences the first attempt. Made at the copy's
+    start (as it was), it fenced a first attempt still reading its slow input, which then could only
+    fail: a counted task failure, and with a skewed partition each new copy fenced the last until
+    the query failed (found with speculation on a standalone cluster). Now a later attempt inits
+    once its input is in: the first attempt, done reading first, commits, and the copy skips."""
+    create_topic(broker.bootstrap, "out", 1)
+    s = _settings(broker.bootstrap, Guarantee.exactly_once, reuse=reuse)
+    outcome: dict[str, object] = {}
+
+    def attempt(number: int, delay_s: float) -> None:
+        def slow_input() -> Any:
+            time.sleep(delay_s)  # the upstream computation of a skewed partition
+            yield from _records("s", 50)
+
+        try:
+            outcome[f"attempt {number}"] = write_partition(slow_input(), TaskIdentity("q-spec", 0, 0, number), s)
+        except Exception as exc:
+            outcome[f"attempt {number}"] = exc
+
+    first = threading.Thread(target=attempt, args=(0, 1.5))
+    first.start()
+    time.sleep(0.5)  # the copy starts while the first attempt reads
+    copy = threading.Thread(target=attempt, args=(1, 1.5))
+    copy.start()
+    first.join(30)
+    copy.join(30)
+    won, skipped = outcome["attempt 0"], outcome["attempt 1"]
+    assert not isinstance(won, Exception), won
+    assert not isinstance(skipped, Exception), skipped
+    assert (won.skipped, won.rows) == (False, 50)  # type: ignore[union-attr]
+    assert (skipped.skipped, skipped.reason) == (True, "replay")  # type: ignore[union-attr]
+    counts = Counter(v for _k, v in read_topic(broker.bootstrap, "out"))
+    assert len(counts) == 50 and set(counts.values()) == {1}

@@ -60,7 +60,8 @@ class KafkaForeachBatch:
             from pyspark import TaskContext
 
             tc = TaskContext.get()
-            ident = TaskIdentity(query_id, batch_id, tc.partitionId() if tc is not None else 0)
+            ident = TaskIdentity(query_id, batch_id, tc.partitionId() if tc is not None else 0,
+                                 tc.attemptNumber() if tc is not None else 0)
             msg = write_partition(ArrowRecords(batches), ident, settings, hooks)
             yield pa.RecordBatch.from_pydict({"message": [pickle.dumps(msg)]},
                                              schema=pa.schema([("message", pa.binary())]))
@@ -71,7 +72,11 @@ class KafkaForeachBatch:
         settings, hooks, query_id = self.settings, self.hooks, self.query_id
 
         def task(index: int, rows: Iterator[Any]) -> Iterator[Any]:
-            yield write_partition(records_from_rows(rows), TaskIdentity(query_id, batch_id, index), settings, hooks)
+            from pyspark import TaskContext
+
+            tc = TaskContext.get()
+            ident = TaskIdentity(query_id, batch_id, index, tc.attemptNumber() if tc is not None else 0)
+            yield write_partition(records_from_rows(rows), ident, settings, hooks)
 
         return task
 

@@ -73,9 +73,14 @@ except ImportError:  # pragma: no cover
 
 @dataclass(frozen=True)
 class TaskIdentity:
+    """Which (query, batch, partition) a task writes; ``attempt`` is Spark's attempt number of the
+    task (a retry or a speculative copy is above 0). Two attempts of one partition are the same
+    identity: they share its transactional id and progress."""
+
     query_id: str
     batch_id: int
     partition_id: int
+    attempt: int = field(default=0, compare=False)
 
 
 @dataclass
@@ -791,9 +796,15 @@ def write_partition(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIden
         key = config_key(settings.client, tid)
         pooled = TXN_PRODUCERS.take(key) if settings.reuse_transactional_producers else None
         prep = None
-        if pooled is None:
+        if pooled is None and ident.attempt == 0:
             # A new producer's init_transactions and progress read run while the input spools; the
-            # transaction itself opens only once the input is complete.
+            # transaction itself opens only once the input is complete. Not for a later attempt (a
+            # retry, or a speculative copy running beside the first): its init fences every older
+            # attempt, so made at its start it would fence one still reading its input, which then
+            # can only fail (a counted task failure; with a slow partition each new speculative
+            # copy fenced the last until the query failed). Made once its input is in, it fences an
+            # older attempt only if that one has not committed by then, and otherwise finds the
+            # batch committed and skips it: the first attempt to finish wins.
             guess_ms = settings.transaction_timeout_ms or _SIZED_MS.get(key, 2 * BASE_TRANSACTION_TIMEOUT_MS)
             prep = _Preparation(_new_txn_producer(settings, tid, guess_ms), settings, ident.partition_id)
             prep.start()
@@ -1142,7 +1153,7 @@ def current_task_identity() -> TaskIdentity:
     batch_id = tc.getLocalProperty("streaming.sql.batchId")
     if not query_id or batch_id is None:
         raise RuntimeError("the oncelog sink runs only in a streaming query (no query or batch id)")
-    return TaskIdentity(query_id, int(batch_id), tc.partitionId())
+    return TaskIdentity(query_id, int(batch_id), tc.partitionId(), tc.attemptNumber())
 
 
 def summarize(messages: Iterable[Any], batch_id: int, what: str) -> CommitSummary:
