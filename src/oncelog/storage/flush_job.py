@@ -77,6 +77,19 @@ class FlushJob:
             self.release()
             self.done.set()
 
+    def cancel(self) -> bool:
+        """Its log is being deleted, so its work is of no use: if nobody has started it, it never
+        runs (a later ``run`` returns at once; ``done`` is set, ``error`` None) and this returns True.
+        False if it is running or ran: then the log's files must not be removed before ``done``
+        (a snapshot written late could land in a new topic's directory of the same name)."""
+        with self._claim:
+            started, self._started = self._started, True
+        if started:
+            return False
+        self.release()
+        self.done.set()
+        return True
+
     def release(self) -> None:
         for fd in self.fds:
             try:

@@ -1111,13 +1111,22 @@ class PartitionLog:
             self.producer_state.bound.detach(self.producer_state)
 
     def delete(self) -> None:
-        try:
-            self.wait_for_flush()
-        except fileio.StorageOfflineError:
-            pass  # the partition is going away; what the flush failed to write does not matter
+        running = self.close_for_deletion()
+        if running is not None:
+            running.done.wait(60)
+        fileio.fs.rmtree(self.directory)
+        fileio.fs.fsync_dir(self.directory.parent)
+
+    def close_for_deletion(self) -> FlushJob | None:
+        """Close the log for good, its files left to remove (``delete``, or ``LogManager`` off the
+        event loop). A flush not started never runs (``FlushJob.cancel``): nothing is fsynced for a
+        log about to go. Returns the flush job still running on the flush thread, if any: the files
+        may be removed only once it is done. (Waiting here, partition after partition, chased the
+        flush thread through a pass: 1.9 s of a 1,000-partition deletion on the event loop.)"""
+        job, self._flush_job = self._flush_job, None
+        running = job if job is not None and not job.cancel() else None
         self.removed = True
         self._detach_producers()
         for seg in self.segments:
-            seg.abandon()
-        fileio.fs.rmtree(self.directory)
-        fileio.fs.fsync_dir(self.directory.parent)
+            seg.abandon()  # a running flush fsyncs descriptors of its own (``begin_flush`` dups them)
+        return running

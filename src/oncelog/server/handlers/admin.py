@@ -11,6 +11,7 @@ import asyncio
 import logging
 import uuid
 from collections import Counter
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol.errors import ErrorCode
@@ -19,6 +20,7 @@ from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.authz import Op, R, allowed, create_topic_allowed
 from oncelog.storage import errors as storage_errors
 from oncelog.storage.config import describe_topic_configs
+from oncelog.storage.log_manager import DetachedTopic
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
@@ -155,12 +157,14 @@ def _topics_to_delete(broker: Broker, body: Any) -> list[tuple[str | None, uuid.
     return out
 
 
-def handle_delete_topics(broker: Broker, req: Request) -> dict[str, Any] | AnsweredWhenDurable:
+def handle_delete_topics(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     """DeleteTopics. A deleted topic's committed offsets go with it, in every group (Kafka's
     onPartitionsDeleted): the answer waits until their tombstones are durable, so that a topic made
-    again under the same name never starts its consumers at the old topic's offsets."""
+    again under the same name never starts its consumers at the old topic's offsets. Its files are
+    removed off the event loop, before the answer (``remove_topics_off_loop``)."""
     out = []
-    waits = []
+    waits: list[AnsweredWhenDurable] = []
+    detached: list[DetachedTopic] = []
     for name, topic_id, invalid in _topics_to_delete(broker, req.body):
         entry: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": ErrorCode.none,
                                  "error_message": None}
@@ -177,7 +181,7 @@ def handle_delete_topics(broker: Broker, req: Request) -> dict[str, Any] | Answe
         else:
             entry["topic_id"] = info.topic_id
             try:
-                broker.logs.delete_topic(name)
+                detached.append(broker.logs.detach_topic(name))
             except storage_errors.DiskFullError as exc:  # topics.json not rewritten: the topic stays
                 entry.update(error_code=ErrorCode.kafka_storage_error, error_message=str(exc))
                 out.append(entry)
@@ -189,9 +193,30 @@ def handle_delete_topics(broker: Broker, req: Request) -> dict[str, Any] | Answe
             log.info("deleted topic %s", name)
         out.append(entry)
     response = {"throttle_time": 0, "responses": out}
-    if not waits:
+    if not detached:
         return response
-    return AnsweredWhenDurable(broker, [d for w in waits for d in w.durability], response)
+    return remove_topics_off_loop(broker, detached, waits, response)
+
+
+async def remove_topics_off_loop(broker: Broker, detached: list[DetachedTopic], waits: list[AnsweredWhenDurable],
+                                 response: dict[str, Any]) -> dict[str, Any]:
+    """The deleted topics' files removed on a worker thread, their names then released, and the
+    offsets' tombstones durable: then ``response``. As for a creation, the work runs as a task of its
+    own, so a client that hangs up does not leave a name taken for good."""
+    logs = broker.logs
+
+    async def remove() -> None:
+        loop = asyncio.get_running_loop()
+        for topic in detached:
+            try:
+                await loop.run_in_executor(None, logs.remove_topic_files, topic)
+            finally:
+                logs.release_topic(topic.name)
+        for wait in waits:
+            await wait
+
+    await asyncio.shield(asyncio.ensure_future(remove()))
+    return response
 
 
 def handle_create_partitions(broker: Broker, req: Request) -> dict[str, Any]:
