@@ -1,4 +1,4 @@
-"""DeleteTopics removes a topic's files off the event loop (``remove_topics_off_loop``). On the loop,
+"""DeleteTopics removes a topic's files off the event loop (``handlers.admin._remove_topics``). On the loop,
 a 1,000-partition topic's deletion held every client for 1.3 s (an rmtree and a data-directory fsync
 per partition; found by an adversarial probe pinging the broker during a deletion).
 
@@ -102,6 +102,27 @@ def test_a_requester_hanging_up_does_not_stop_the_removal(b: InProcessBroker, he
     b.run_until(lambda: not b.broker.logs.is_being_created(BIG))
     assert BIG not in b.broker.logs.topics()
     assert not any(d.name.startswith(f"{BIG}-") for d in (tmp_path / "data").iterdir())
+
+
+def test_an_answer_dropped_unawaited_does_not_stop_the_removal(b: InProcessBroker, tmp_path: Path) -> None:
+    """The connection of a client gone closes an answer it never awaited (``_Pending.discard``). The
+    topic was detached by then, so the removal must not live in that answer: it used to, and the
+    name stayed taken (every CreateTopics of it TOPIC_ALREADY_EXISTS) until a restart."""
+    from oncelog.protocol.messages import build, decode_request, encode_request, request_type
+
+    frame = encode_request(API_DELETE_TOPICS, 5, 1, build(request_type(API_DELETE_TOPICS, 5),
+                                                            {"topic_names": [BIG], "timeout_ms": 30_000}))
+    request = decode_request(frame[4:], b.broker.supported_versions)
+
+    async def dropped() -> None:
+        answer = b.broker.handlers[API_DELETE_TOPICS](b.broker, request)
+        answer.close()
+
+    b.loop.run_until_complete(dropped())
+    b.run_until(lambda: not b.broker.logs.is_being_created(BIG))
+    assert BIG not in b.broker.logs.topics()
+    assert not any(d.name.startswith(f"{BIG}-") for d in (tmp_path / "data").iterdir())
+    assert b.call(API_CREATE_TOPICS, 7, _create(BIG)).topics[0].error_code == ErrorCode.none
 
 
 def test_a_flush_not_started_is_cancelled_and_a_running_one_is_waited_for_before_the_removal(

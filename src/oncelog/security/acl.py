@@ -200,15 +200,38 @@ class Authorizer:
         return False
 
     def authorize_any(self, principal: str, host: str, operation: Operation, resource_type: ResourceType) -> bool:
-        """True if ``principal`` may do ``operation`` on at least one resource of the type (Kafka's
-        authorizeByResourceType, used for idempotent producers: WRITE on any topic)."""
-        if principal in self.super_users:
+        """True if ``principal`` may do ``operation`` on at least one resource of the type: Kafka's
+        ``Authorizer.authorizeByResourceType`` (KIP-679), step for step. First ``authorize`` on the
+        hard-coded name ``hardcode`` (so super users, and allow.everyone.if.no.acl.found when no
+        binding matches that name, are allowed whatever DENYs exist); then, over the bindings for
+        the principal (or ``User:*``) and host whose operation is ``operation`` or ALL (no implied
+        operations): a LITERAL ``*`` DENY denies; a LITERAL ``*`` ALLOW allows; an ALLOW on a
+        literal name allows unless the same literal or a PREFIXED DENY on a prefix of it exists, and
+        an ALLOW on a prefix allows unless a PREFIXED DENY on a prefix of that prefix exists."""
+        if self.authorize(principal, host, operation, resource_type, "hardcode"):
             return True
+        deny: dict[PatternType, set[str]] = {PatternType.LITERAL: set(), PatternType.PREFIXED: set()}
+        allow: dict[PatternType, set[str]] = {PatternType.LITERAL: set(), PatternType.PREFIXED: set()}
+        has_wildcard_allow = False
         for b in self.bindings:
-            if b.resource_type is resource_type and b.permission is Permission.ALLOW and \
-                    b.applies_to(principal, host) and b.operation in (operation, Operation.ALL):
-                probe = b.resource_name if b.resource_name != WILDCARD else "any-name"
-                if self.authorize(principal, host, operation, resource_type, probe):
+            if b.resource_type is not resource_type or not b.applies_to(principal, host) or \
+                    b.operation not in (operation, Operation.ALL):
+                continue
+            if b.permission is Permission.DENY:
+                if b.pattern_type is PatternType.LITERAL and b.resource_name == WILDCARD:
+                    return False
+                deny[b.pattern_type].add(b.resource_name)
+            elif b.pattern_type is PatternType.LITERAL and b.resource_name == WILDCARD:
+                has_wildcard_allow = True
+            else:
+                allow[b.pattern_type].add(b.resource_name)
+        if has_wildcard_allow:
+            return True
+        for pattern_type, names in allow.items():
+            for name in names:
+                if pattern_type is PatternType.LITERAL and name in deny[PatternType.LITERAL]:
+                    continue
+                if not any(name[:i] in deny[PatternType.PREFIXED] for i in range(1, len(name) + 1)):
                     return True
         return False
 

@@ -64,3 +64,11 @@ def authorized_operations(broker: Broker, req: Any, rtype: ResourceType, name: s
         return bits
     principal, host = principal_and_host(req)
     return authorizer.authorized_operations(principal, host, rtype, name)
+
+
+def cluster_authorized_operations(broker: Broker, req: Any, requested: bool) -> int:
+    """Metadata v8-10 and DescribeCluster: INT32_MIN unless asked for; then 0 without DESCRIBE on the
+    cluster, else the bit field of what the caller may do on it (KafkaApis, AuthHelper)."""
+    if requested and not allowed(broker, req, Op.DESCRIBE, R.CLUSTER):
+        return 0
+    return authorized_operations(broker, req, R.CLUSTER, CLUSTER_NAME, requested)

@@ -61,7 +61,11 @@ def _created_configs(broker: Broker, overrides: dict[str, str]) -> list[dict[str
 
 async def handle_create_topics(broker: Broker, req: Request) -> dict[str, Any]:
     """Topics in request order; each one's directories and files are made off the event loop
-    (``create_topic_off_loop``), so a topic of 1,000 partitions does not stall other clients."""
+    (``create_topic_off_loop``), so a topic of 1,000 partitions does not stall other clients.
+
+    A topic is created with CREATE on the cluster or on it; its configs, partition count and
+    replication factor are returned only with DESCRIBE_CONFIGS on it, else ``topic_config_error_code``
+    is TOPIC_AUTHORIZATION_FAILED (Kafka's ReplicationControlManager.createTopic)."""
     body = req.body
     validate_only = getattr(body, "validate_only", False)
     out = []
@@ -98,7 +102,11 @@ async def handle_create_topics(broker: Broker, req: Request) -> dict[str, Any]:
                     entry.update(topic_id=info.topic_id, num_partitions=info.num_partitions,
                                  replication_factor=1)
                     log.info("created topic %s with %d partition(s)", t.name, n)
-                entry["configs"] = _created_configs(broker, configs)
+                if allowed(broker, req, Op.DESCRIBE_CONFIGS, R.TOPIC, t.name):
+                    entry["configs"] = _created_configs(broker, configs)
+                else:
+                    entry.update(num_partitions=-1, replication_factor=-1, configs=[],
+                                 topic_config_error_code=ErrorCode.topic_authorization_failed)
             except storage_errors.StorageError as exc:
                 entry.update(error_code=_storage_error(exc), error_message=_message(exc))
         out.append(entry)
@@ -161,7 +169,13 @@ def handle_delete_topics(broker: Broker, req: Request) -> dict[str, Any] | Await
     """DeleteTopics. A deleted topic's committed offsets go with it, in every group (Kafka's
     onPartitionsDeleted): the answer waits until their tombstones are durable, so that a topic made
     again under the same name never starts its consumers at the old topic's offsets. Its files are
-    removed off the event loop, before the answer (``remove_topics_off_loop``)."""
+    removed off the event loop, before the answer (``_remove_topics``).
+
+    Authorization is ControllerApis.deleteTopics': DELETE on the cluster authorizes every topic;
+    otherwise a topic the caller may not DESCRIBE answers TOPIC_AUTHORIZATION_FAILED before its
+    existence is looked at, and its name is left out when it was given by id; a topic it may
+    DESCRIBE but not DELETE answers TOPIC_AUTHORIZATION_FAILED once known to exist."""
+    may_delete_any = allowed(broker, req, Op.DELETE, R.CLUSTER)
     out = []
     waits: list[AnsweredWhenDurable] = []
     detached: list[DetachedTopic] = []
@@ -171,10 +185,15 @@ def handle_delete_topics(broker: Broker, req: Request) -> dict[str, Any] | Await
         info = broker.logs.topics().get(name) if name else None
         if invalid is not None:
             entry.update(error_code=ErrorCode.invalid_request, error_message=invalid)
-        elif name is not None and not allowed(broker, req, Op.DELETE, R.TOPIC, name):
+        elif name is None:
+            entry["error_code"] = ErrorCode.unknown_topic_id
+        elif not (may_delete_any or allowed(broker, req, Op.DESCRIBE, R.TOPIC, name)):
+            entry.update(name=None if topic_id != _NO_TOPIC_ID else name,
+                         error_code=ErrorCode.topic_authorization_failed)
+        elif info is None:
+            entry["error_code"] = ErrorCode.unknown_topic_or_partition
+        elif not (may_delete_any or allowed(broker, req, Op.DELETE, R.TOPIC, name)):
             entry["error_code"] = ErrorCode.topic_authorization_failed
-        elif name is None or info is None:
-            entry["error_code"] = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
         elif info.is_internal:
             entry.update(error_code=ErrorCode.invalid_topic_exception,
                          error_message="internal topics cannot be deleted")
@@ -195,27 +214,35 @@ def handle_delete_topics(broker: Broker, req: Request) -> dict[str, Any] | Await
     response = {"throttle_time": 0, "responses": out}
     if not detached:
         return response
-    return remove_topics_off_loop(broker, detached, waits, response)
+    removal = asyncio.ensure_future(_remove_topics(broker, detached, waits))
+    removal.add_done_callback(_log_removal_failure)
+    return _answer_after(removal, response)
 
 
-async def remove_topics_off_loop(broker: Broker, detached: list[DetachedTopic], waits: list[AnsweredWhenDurable],
-                                 response: dict[str, Any]) -> dict[str, Any]:
+async def _remove_topics(broker: Broker, detached: list[DetachedTopic], waits: list[AnsweredWhenDurable]) -> None:
     """The deleted topics' files removed on a worker thread, their names then released, and the
-    offsets' tombstones durable: then ``response``. As for a creation, the work runs as a task of its
-    own, so a client that hangs up does not leave a name taken for good."""
+    offsets' tombstones durable. Started by the handler as a task of its own, so it runs to its end
+    whether or not the answer is ever awaited: a client that hangs up (its answer dropped unawaited,
+    or cancelled while waiting) leaves no name taken and no file behind."""
     logs = broker.logs
+    loop = asyncio.get_running_loop()
+    for topic in detached:
+        try:
+            await loop.run_in_executor(None, logs.remove_topic_files, topic)
+        finally:
+            logs.release_topic(topic.name)
+    for wait in waits:
+        await wait
 
-    async def remove() -> None:
-        loop = asyncio.get_running_loop()
-        for topic in detached:
-            try:
-                await loop.run_in_executor(None, logs.remove_topic_files, topic)
-            finally:
-                logs.release_topic(topic.name)
-        for wait in waits:
-            await wait
 
-    await asyncio.shield(asyncio.ensure_future(remove()))
+def _log_removal_failure(removal: asyncio.Future[None]) -> None:
+    if not removal.cancelled() and (exc := removal.exception()) is not None:
+        log.error("removing the files of deleted topics failed", exc_info=exc)
+
+
+async def _answer_after(removal: asyncio.Future[None], response: dict[str, Any]) -> dict[str, Any]:
+    """DeleteTopics' answer, once ``removal`` is done (a cancelled wait leaves it running)."""
+    await asyncio.shield(removal)
     return response
 
 

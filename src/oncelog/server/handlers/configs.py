@@ -43,6 +43,7 @@ log = logging.getLogger("oncelog.server")
 
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
+RESOURCE_BROKER_LOGGER = 8  # not supported; only its authorization (DESCRIBE_CONFIGS on the cluster) is Kafka's
 
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 _OP_NAMES = {OP_SET: "SET", OP_DELETE: "DELETE", OP_APPEND: "APPEND", OP_SUBTRACT: "SUBTRACT"}
@@ -162,6 +163,8 @@ def handle_describe_configs(broker: Broker, req: Request) -> dict[str, Any]:
                     described = _describe_broker(broker, _broker_scope(broker, r.resource_name) == "node")
                 except ConfigRequestError as exc:
                     entry.update(error_code=exc.code, error_message=short_message(str(exc)))
+        elif r.resource_type == RESOURCE_BROKER_LOGGER and not allowed(broker, req, Op.DESCRIBE_CONFIGS, R.CLUSTER):
+            entry["error_code"] = ErrorCode.cluster_authorization_failed
         else:
             entry.update(error_code=ErrorCode.invalid_request,
                          error_message=f"Unsupported resource type {r.resource_type}")

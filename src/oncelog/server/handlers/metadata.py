@@ -16,8 +16,15 @@ from typing import TYPE_CHECKING, Any
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import EncodedResponse, Request, build_response, encode_response
 from oncelog.protocol.versions import API_API_VERSIONS, API_METADATA
-from oncelog.security.acl import CLUSTER_NAME
-from oncelog.server.authz import Op, R, allowed, authorized_operations, create_topic_allowed, principal_and_host
+from oncelog.server.authz import (
+    Op,
+    R,
+    allowed,
+    authorized_operations,
+    cluster_authorized_operations,
+    create_topic_allowed,
+    principal_and_host,
+)
 from oncelog.server.topics import ensure_topic, topic_error
 
 if TYPE_CHECKING:
@@ -127,8 +134,11 @@ def handle_metadata(broker: Broker, req: Request) -> dict[str, Any] | EncodedRes
 
 
 def compute_metadata(broker: Broker, req: Request) -> dict[str, Any]:
-    """Topics the principal may not DESCRIBE are left out of an all-topics answer and answered
-    TOPIC_AUTHORIZATION_FAILED when named; auto-creation needs CREATE (Kafka's rules)."""
+    """Kafka's handleTopicMetadataRequest: topics the principal may not DESCRIBE are left out of an
+    all-topics answer and answered TOPIC_AUTHORIZATION_FAILED when named; a named topic that is
+    missing and would be auto-created answers TOPIC_AUTHORIZATION_FAILED without CREATE on the
+    cluster or the topic; ``cluster_authorized_operations`` (v8-10) is 0 without DESCRIBE on the
+    cluster."""
     body = req.body
     requested = body.topics
     topics_out: list[dict[str, Any]] = []
@@ -161,8 +171,12 @@ def compute_metadata(broker: Broker, req: Request) -> dict[str, Any]:
             if not allowed(broker, req, Op.DESCRIBE, R.TOPIC, name):
                 topics_out.append(topic_error(name, ErrorCode.topic_authorization_failed))
                 continue
+            may_auto_create = allow_auto and broker.config.auto_create_topics_enable
+            if may_auto_create and name not in all_topics and not create_topic_allowed(broker, req, name):
+                topics_out.append(topic_error(name, ErrorCode.topic_authorization_failed))
+                continue
             info, err = ensure_topic(broker, name, may_create=partial(create_topic_allowed, broker, req, name)
-                                     if allow_auto else None)
+                                     if may_auto_create else None)
             if info is None:
                 topics_out.append(topic_error(name, err))
             else:
@@ -174,20 +188,17 @@ def compute_metadata(broker: Broker, req: Request) -> dict[str, Any]:
         "cluster_id": broker.config.cluster_id,
         "controller_id": broker.config.node_id,
         "topics": topics_out,
-        "cluster_authorized_operations": authorized_operations(broker, req, R.CLUSTER, CLUSTER_NAME,
-                                                               want_cluster_ops),
+        "cluster_authorized_operations": cluster_authorized_operations(broker, req, want_cluster_ops),
     }
 
 
 def handle_describe_cluster(broker: Broker, req: Request) -> dict[str, Any]:
-    if not allowed(broker, req, Op.DESCRIBE, R.CLUSTER):
-        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed, "error_message": None,
-                "endpoint_type": 1, "cluster_id": broker.config.cluster_id, "controller_id": -1, "brokers": [],
-                "cluster_authorized_operations": -2147483648}
+    """Answered for every principal (Kafka's AuthHelper.computeDescribeClusterResponse checks
+    nothing); only ``cluster_authorized_operations`` depends on the caller's ACLs."""
     want_ops = bool(getattr(req.body, "include_cluster_authorized_operations", False))
     return {
         "throttle_time": 0, "error_code": ErrorCode.none, "error_message": None,
         "endpoint_type": 1, "cluster_id": broker.config.cluster_id,
         "controller_id": broker.config.node_id, "brokers": [_broker_entry(broker)],
-        "cluster_authorized_operations": authorized_operations(broker, req, R.CLUSTER, CLUSTER_NAME, want_ops),
+        "cluster_authorized_operations": cluster_authorized_operations(broker, req, want_ops),
     }

@@ -16,7 +16,7 @@ from oncelog.protocol import records
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request
 from oncelog.server.answers import AnsweredWhenDurable
-from oncelog.server.authz import Op, R, allowed, create_topic_allowed, idempotent_write_allowed
+from oncelog.server.authz import Op, R, allowed, create_topic_allowed
 from oncelog.server.topics import ensure_topic
 from oncelog.storage import errors as storage_errors
 from oncelog.storage.fileio import StorageOfflineError
@@ -65,10 +65,6 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
     if req.api_version < 7 and first.attributes & records.ATTR_COMPRESSION_MASK == 4:
         return _error(partition, ErrorCode.unsupported_compression_type,
                       f"produce requests with version {req.api_version} may not use zstd compression")
-    if first.is_transactional and transactional_id is None:
-        return _error(partition, ErrorCode.invalid_request, "transactional batch without a transactional id")
-    if first.producer_id >= 0 and not first.is_transactional and not idempotent_write_allowed(broker, req):
-        return _error(partition, ErrorCode.cluster_authorization_failed)
     code = broker.check_produce(first.producer_id, first.producer_epoch, transactional_id, first.is_transactional,
                                 topic, partition)
     if code != ErrorCode.none:
@@ -110,16 +106,34 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
             "error_message": None}
 
 
+def _has_transactional_records(body: Any) -> bool:
+    """Kafka's RequestUtils.hasTransactionalRecords: some partition's batch is transactional (a batch
+    whose header cannot be read is answered per partition later)."""
+    for topic_data in body.topic_data:
+        for pd in topic_data.partition_data:
+            try:
+                if pd.records and records.read_header(pd.records, 0).is_transactional:
+                    return True
+            except records.InvalidRecordError:
+                continue
+    return False
+
+
 def handle_produce(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any] | None] | None:
     """Appends happen now, atomically; when some must be fsynced first (flush_every_append) the
-    response waits for the broker's group commit, off the event loop (an awaitable is returned)."""
+    response waits for the broker's group commit, off the event loop (an awaitable is returned).
+
+    Authorization is Kafka's handleProduceRequest: a request carrying a transactional batch needs a
+    transactional id and WRITE on it (else every partition answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+    each partition needs WRITE on its topic. Idempotent batches are not checked here: IDEMPOTENT_WRITE
+    was checked when InitProducerId handed out the producer id."""
     body = req.body
     durability: list[tuple[Any, int]] = []
     transactional_id = getattr(body, "transactional_id", None)
     responses = []
     valid_acks = body.acks in (-1, 0, 1)
-    txn_denied = transactional_id is not None and \
-        not allowed(broker, req, Op.WRITE, R.TRANSACTIONAL_ID, transactional_id)
+    txn_denied = _has_transactional_records(body) and (
+        transactional_id is None or not allowed(broker, req, Op.WRITE, R.TRANSACTIONAL_ID, transactional_id))
     for topic_data in body.topic_data:
         if txn_denied:
             parts = [_error(pd.index, ErrorCode.transactional_id_authorization_failed)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request, td_ms
 from oncelog.server.authz import Op, R, allowed, idempotent_write_allowed
+from oncelog.server.coordination import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 def _denied(code: ErrorCode, **extra: Any) -> dict[str, Any]:
     return {"throttle_time": 0, "error_code": code, **extra}
 
+
+#: Kafka's Topic.isInternal: never added to a transaction by a client.
+_INTERNAL_TOPICS = frozenset({CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 
 #: The first version of each request that knows PRODUCER_FENCED (KIP-588); an older client gets
 #: INVALID_PRODUCER_EPOCH instead, the code it handles the same way (Kafka's KafkaApis).
@@ -63,26 +67,32 @@ def _error_answer(req: Request, api: str) -> Callable[[Any], dict[str, Any]]:
 
 
 def handle_add_partitions_to_txn(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+    """Kafka's handleAddPartitionsToTxnRequest (client versions, below 4): WRITE on the transactional
+    id, else every partition TRANSACTIONAL_ID_AUTHORIZATION_FAILED. Then per partition
+    TOPIC_AUTHORIZATION_FAILED without WRITE on its topic (an internal topic is never authorized, not
+    even for a super user), else UNKNOWN_TOPIC_OR_PARTITION if it does not exist; if any partition
+    failed, the others answer OPERATION_NOT_ATTEMPTED and nothing is added."""
     body = req.body
     c = broker.coordination
     transactional_id = body.v3_and_below_transactional_id
     producer_id, producer_epoch = body.v3_and_below_producer_id, body.v3_and_below_producer_epoch
     requested = [(t.name, p) for t in body.v3_and_below_topics for p in t.partitions]
-    unknown = {tp for tp in requested if broker.logs.get_partition(*tp) is None}
-    denied = {tp for tp in requested if not allowed(broker, req, Op.WRITE, R.TOPIC, tp[0])}
     if not allowed(broker, req, Op.WRITE, R.TRANSACTIONAL_ID, transactional_id):
-        errors = dict.fromkeys(requested, ErrorCode.transactional_id_authorization_failed)
-    elif denied:
-        errors = {tp: (ErrorCode.topic_authorization_failed if tp in denied else ErrorCode.operation_not_attempted)
-                  for tp in requested}
-    elif unknown:
-        errors = {tp: (ErrorCode.unknown_topic_or_partition if tp in unknown else ErrorCode.operation_not_attempted)
-                  for tp in requested}
-    else:
-        result = c.txn.add_partitions_to_txn(transactional_id, producer_id, producer_epoch, requested)
-        return c.answer_when_durable(transactional_id, result,
-                                     lambda r: _add_partitions_answer(req, r.partition_errors), bounded=True)
-    return _add_partitions_answer(req, errors)
+        return _add_partitions_answer(req, dict.fromkeys(requested, ErrorCode.transactional_id_authorization_failed))
+    authorized_topics = {t for t, _ in requested if t not in _INTERNAL_TOPICS
+                         and allowed(broker, req, Op.WRITE, R.TOPIC, t)}
+    errors: dict[tuple[str, int], ErrorCode] = {}
+    for tp in requested:
+        if tp[0] not in authorized_topics:
+            errors[tp] = ErrorCode.topic_authorization_failed
+        elif broker.logs.get_partition(*tp) is None:
+            errors[tp] = ErrorCode.unknown_topic_or_partition
+    if errors:
+        return _add_partitions_answer(req, {tp: errors.get(tp, ErrorCode.operation_not_attempted)
+                                            for tp in requested})
+    result = c.txn.add_partitions_to_txn(transactional_id, producer_id, producer_epoch, requested)
+    return c.answer_when_durable(transactional_id, result,
+                                 lambda r: _add_partitions_answer(req, r.partition_errors), bounded=True)
 
 
 def _add_partitions_answer(req: Request, errors: dict[tuple[str, int], ErrorCode]) -> dict[str, Any]:
@@ -139,6 +149,8 @@ def handle_describe_producers(broker: Broker, req: Request) -> dict[str, Any]:
 
 
 def handle_describe_transactions(broker: Broker, req: Request) -> dict[str, Any]:
+    """Kafka's handleDescribeTransactionsRequest: a state for each id the caller may DESCRIBE
+    (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED), listing only the topics the caller may DESCRIBE."""
     ids = list(req.body.transactional_ids)
     visible = [t for t in ids if allowed(broker, req, Op.DESCRIBE, R.TRANSACTIONAL_ID, t)]
     states = broker.coordination.txn.describe_transactions(visible)
@@ -152,7 +164,7 @@ def handle_describe_transactions(broker: Broker, req: Request) -> dict[str, Any]
         s["transaction_start_time"] = max(s.pop("transaction_start_time_ms", 0), 0)
         s.setdefault("producer_id", -1)
         s.setdefault("producer_epoch", -1)
-        s.setdefault("topics", [])
+        s["topics"] = [t for t in s.get("topics", []) if allowed(broker, req, Op.DESCRIBE, R.TOPIC, t["topic"])]
     return {"throttle_time": 0, "transaction_states": states}
 
 
