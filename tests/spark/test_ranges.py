@@ -223,3 +223,32 @@ def test_a_pooled_consumer_fetches_a_new_topics_metadata_before_assigning_it(
         assert asked == ["first", "second"], "each topic's metadata asked for once, before its first assign"
     finally:
         pool.clear()
+
+
+def _too_large(offset: int) -> object:
+    from confluent_kafka import KafkaError, Message
+
+    return Message(topic="t", partition=0, offset=offset, error=KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+
+
+def test_a_consumer_whose_fetch_size_ran_out_is_renewed_where_the_read_stands() -> None:
+    """librdkafka doubles a partition's fetch size for each fetch that yields no record (a compacted
+    log's emptied batch ends) and fails with MSG_SIZE_TOO_LARGE at 1 GiB: a pooled consumer that
+    read many ranges of a compacted topic failed the query (an adversarial probe: 24 of 119 rows,
+    then the error). The read goes on with a new consumer from where it stands, once per position."""
+    spent = _ScriptedConsumer([_msgs(0, 1), [_too_large(2)]])
+    fresh = _ScriptedConsumer([_msgs(2, 3), [*_msgs(4), _eof(5)]])
+    renewed: list[object] = []
+
+    def renew(old: object) -> object:
+        renewed.append(old)
+        return fresh
+
+    got = [m.offset() for msgs in consume_range(spent, "t", 0, 0, 5, timeout_s=5, max_messages=100, renew=renew)
+           for m in msgs]
+    assert got == [0, 1, 2, 3, 4] and renewed == [spent]
+    again = _ScriptedConsumer([[_too_large(0)]])
+    with pytest.raises(RuntimeError, match="MSG_SIZE_TOO_LARGE"):  # renewed, and no further: a real failure
+        for _ in consume_range(_ScriptedConsumer([[_too_large(0)]]), "t", 0, 0, 5, timeout_s=5, max_messages=100,
+                               renew=lambda old: again):
+            pass

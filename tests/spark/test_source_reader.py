@@ -215,6 +215,38 @@ def test_a_deleted_input_topic_is_a_data_loss(broker: BrokerProcess, caplog: pyt
         r.stop()
 
 
+def test_an_added_partition_whose_first_records_are_gone_is_a_data_loss(broker: BrokerProcess,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A partition added while the query ran is read from offset 0; if its first records were deleted
+    before the query saw it, Spark reports a data loss ("Added partition ... starts from ... instead
+    of 0"). It was read from its log start without a word, even under failOnDataLoss=true."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    bs = broker.bootstrap
+    create_topic(bs, "grow", 1)
+    opts = {"kafka.bootstrap.servers": bs, "subscribe": "grow", "startingOffsets": "earliest"}
+    strict, lenient = KafkaStreamReader(opts), KafkaStreamReader({**opts, "failOnDataLoss": "false"})
+    start = strict.initialOffset()
+    admin = AdminClient({"bootstrap.servers": bs})  # kept: its futures end with it
+    for f in admin.create_partitions([NewPartitions("grow", 2)]).values():
+        f.result(15)
+    p = Producer({"bootstrap.servers": bs})
+    for i in range(6):
+        p.produce("grow", value=b"n%d" % i, partition=1)
+    assert p.flush(15) == 0
+    for f in admin.delete_records([TopicPartition("grow", 1, 4)]).values():
+        f.result(15)
+    with pytest.raises(RuntimeError, match=r"added partition grow-1 starts from 4 instead of 0.*'failOnDataLoss'"):
+        strict.partitions(start, strict.latestOffset(start, ReadAllAvailable()))
+    caplog.set_level("WARNING", logger="oncelog.spark")
+    end = lenient.latestOffset(start, ReadAllAvailable())
+    assert sorted(_values(lenient, start, end)) == [b"n4", b"n5"]
+    assert "added partition grow-1 starts from 4 instead of 0" in caplog.text
+    for r in (strict, lenient):
+        r.stop()
+
+
 def test_max_records_per_partition_splits_a_partition_into_tasks(broker: BrokerProcess) -> None:
     """Spark 4's maxRecordsPerPartition, on a stream and a batch read: 100 records of one partition
     become 4 tasks of at most 30 offsets, which together read every record once."""
@@ -234,3 +266,24 @@ def test_max_records_per_partition_splits_a_partition_into_tasks(broker: BrokerP
     with pytest.raises(ValueError, match="maxRecordsPerPartition"):
         KafkaStreamReader({**opts, "maxRecordsPerPartition": "0"})
     stream.stop()
+
+
+def test_a_batch_read_ending_past_a_partitions_end_is_a_data_loss(broker: BrokerProcess,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """endingOffsets naming offsets a partition does not have: as in Spark, a data loss, or under
+    failOnDataLoss=false the partition's records up to its end and a warning. The read used to wait
+    for them for kafkaConsumer.pollTimeoutMs (120 s by default) and fail as "stuck" either way."""
+    from oncelog.spark.source import KafkaBatchReader
+
+    bs = broker.bootstrap
+    _numbered(bs, "short", 5)
+    opts = {"kafka.bootstrap.servers": bs, "subscribe": "short", "startingOffsets": "earliest",
+            "endingOffsets": '{"short": {"0": 50}}', "kafkaConsumer.pollTimeoutMs": "3000"}
+    with pytest.raises(RuntimeError, match=r"short-0 up to 50, past its end 5.*'failOnDataLoss'"):
+        KafkaBatchReader(opts).partitions()
+    caplog.set_level("WARNING", logger="oncelog.spark")
+    lenient = KafkaBatchReader({**opts, "failOnDataLoss": "false"})
+    parts = lenient.partitions()
+    assert [v for q in parts for b in lenient.read(q) for v in b.column("value").to_pylist()] == \
+        [b"v%d" % i for i in range(5)]
+    assert "short-0 up to 50, past its end 5" in caplog.text

@@ -113,7 +113,12 @@ class ConsumerPool(ClientPool[Any]):
 
     def take(self, config: Mapping[str, Any]) -> Any:  # type: ignore[override]
         c = super().take(config_key(config))
-        return c if c is not None else _consumer_class()(dict(config))
+        return c if c is not None else self.make(config)
+
+    @staticmethod
+    def make(config: Mapping[str, Any]) -> Any:
+        """A new consumer of ``config``, never an idle one (``ranges.consume_range``'s ``renew``)."""
+        return _consumer_class()(dict(config))
 
     def give(self, config: Mapping[str, Any], consumer: Any) -> None:  # type: ignore[override]
         try:

@@ -63,7 +63,7 @@ def know_topic(consumer: Any, topic: str, timeout_s: float) -> None:
 def consume_range(consumer: Any, topic: str, partition: int, start: int, end: int, timeout_s: float,
                   max_messages: int, poll_timeout_s: float = 0.2, what: str = "",
                   clock: Callable[[], float] = time.monotonic, skip_lost: bool = False,
-                  lost_advice: str = "") -> Iterator[list[Any]]:
+                  lost_advice: str = "", renew: Callable[[Any], Any] | None = None) -> Iterator[list[Any]]:
     """Yield lists of the delivered messages of ``[start, end)``, in offset order.
 
     ``consumer`` is a confluent-kafka Consumer with ``enable.partition.eof`` on and
@@ -77,6 +77,15 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
     skipped with a warning instead, as Spark's Kafka source does under ``failOnDataLoss=false``:
     the read goes on from the log's start, or ends when nothing of the range is left (the range and
     the log's offsets no longer overlap).
+
+    ``renew(spent)`` (the caller disposes of ``spent`` and returns a new consumer of the same
+    configuration) answers librdkafka's MSG_SIZE_TOO_LARGE when the read moved since the last
+    renewal: librdkafka doubles a partition's fetch size each time a fetch yields no record and
+    never lowers it, and fails at 1 GiB. A compacted log makes such fetches: a batch whose records
+    all lie below the fetch offset (the last batch of a segment, emptied at its end by the cleaner),
+    which Kafka answers too. A consumer that reads many ranges of one partition (a pooled one) met
+    enough of them to fail the query; a new consumer starts again from the configured size. Spark's
+    Kafka source counts such offsets as invisible, never as an error.
     """
     from confluent_kafka import KafkaError, Message, TopicPartition
 
@@ -88,6 +97,7 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
     position = start
     last_move = clock()
     lost_the_rest = False
+    renewed_at: int | None = None  # the position of the last renewal of the consumer
     while position < end and not lost_the_rest:
         if clock() - last_move > timeout_s:
             raise TimeoutError(f"reading {what}: stuck at offset {position} below {end} for {timeout_s:g}s")
@@ -119,6 +129,12 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
                             position = resume
                             consumer.assign([TopicPartition(topic, partition, position)])
                         break  # the consumer fetches nothing more of the partition until it is assigned again
+                    if err.code() == KafkaError.MSG_SIZE_TOO_LARGE and renew is not None and renewed_at != position:
+                        renewed_at = position
+                        consumer = renew(consumer)
+                        know_topic(consumer, topic, min(timeout_s, METADATA_TIMEOUT_S))
+                        consumer.assign([TopicPartition(topic, partition, position)])
+                        break
                     raise RuntimeError(f"reading {what}: {err}")
                 off = int(m.offset() or 0)
                 position = max(position, off + 1)

@@ -204,14 +204,20 @@ def read_range(conf: Mapping[str, Any], rng: OffsetRange, include_headers: bool,
            "auto.offset.reset": "error"}
     for k, v in SOURCE_CONSUMER_DEFAULTS.items():
         cfg.setdefault(k, v)
-    consumer = CONSUMERS.take(cfg)
+    current = [CONSUMERS.take(cfg)]
     schema = pa.schema(_arrow_fields(pa, include_headers))
     pending: list[Any] = []
     done = False
+
+    def renew(spent: Any) -> Any:
+        CONSUMERS.discard(spent)
+        current[0] = CONSUMERS.make(cfg)
+        return current[0]
+
     try:
-        for msgs in consume_range(consumer, rng.topic, rng.partition, rng.start, rng.end, timeout_s, batch_rows,
+        for msgs in consume_range(current[0], rng.topic, rng.partition, rng.start, rng.end, timeout_s, batch_rows,
                                   what=str(rng), skip_lost=not fail_on_data_loss,
-                                  lost_advice=FAIL_ON_DATA_LOSS_ADVICE):
+                                  lost_advice=FAIL_ON_DATA_LOSS_ADVICE, renew=renew):
             pending.extend(msgs)
             if len(pending) >= batch_rows:
                 yield _arrow_batch(pa, schema, rng, pending, include_headers)
@@ -221,9 +227,9 @@ def read_range(conf: Mapping[str, Any], rng: OffsetRange, include_headers: bool,
         done = True
     finally:
         if done:
-            CONSUMERS.give(cfg, consumer)
+            CONSUMERS.give(cfg, current[0])
         else:
-            CONSUMERS.discard(consumer)
+            CONSUMERS.discard(current[0])
 
 
 def _arrow_batch(pa: Any, schema: Any, rng: OffsetRange, msgs: list[Any], include_headers: bool) -> Any:
@@ -469,13 +475,38 @@ def _check_data_loss(start: Offsets, marks: dict[str, dict[str, tuple[int, int]]
         for p, (low, high) in ps.items():
             cur = fixed.get(t, {}).get(p)
             if cur is None:
-                # A partition that appeared after the query started is read from its beginning.
+                # A partition that appeared after the query started is read from its beginning; one
+                # whose beginning is gone already is a data loss (Spark's "Added partition ...").
                 fixed.setdefault(t, {})[p] = low
+                if low > 0:
+                    message = f"added partition {t}-{p} starts from {low} instead of 0"
+                    if fail:
+                        raise RuntimeError(f"{message}. {FAIL_ON_DATA_LOSS_ADVICE}")
+                    log.warning("%s: some data may have been missed (failOnDataLoss=false)", message)
             elif cur < low or cur > high:
                 if fail:
                     raise RuntimeError(f"data loss on {t}-{p}: next offset {cur} is outside [{low}, {high}] "
                                        "(set failOnDataLoss=false to skip)")
                 fixed[t][p] = low if cur < low else high
+    return fixed
+
+
+def _check_ending(end: Offsets, marks: dict[str, dict[str, tuple[int, int]]], fail: bool) -> Offsets:
+    """A batch read's explicit endingOffsets past a partition's end (its high watermark, or LSO
+    under read_committed): the records it names are not there. As in Spark (whose read meets an
+    out-of-range offset), a data loss: an error, or under failOnDataLoss=false the range ends at
+    the partition's end with a warning. Before, the read waited for the missing offsets for
+    kafkaConsumer.pollTimeoutMs (120 s) and failed as "stuck", whatever failOnDataLoss said."""
+    fixed: Offsets = {t: dict(ps) for t, ps in end.items()}
+    for t, ps in marks.items():
+        for p, (_low, high) in ps.items():
+            want = fixed.get(t, {}).get(p)
+            if want is not None and want > high:
+                message = f"endingOffsets asks for {t}-{p} up to {want}, past its end {high}"
+                if fail:
+                    raise RuntimeError(f"{message}. {FAIL_ON_DATA_LOSS_ADVICE}")
+                log.warning("%s: read up to %d (failOnDataLoss=false)", message, high)
+                fixed[t][p] = high
     return fixed
 
 
@@ -664,6 +695,9 @@ class KafkaBatchReader(DataSourceReader):
         try:
             start = self.meta.resolve(self.starting, strategy=self.strategy)
             end = self.meta.resolve(self.ending, ending=True)
+            if self.ending.kind == "offsets":
+                end = _check_ending(end, self.meta.watermarks({t: [int(p) for p in ps] for t, ps in end.items()}),
+                                    self.fail_on_data_loss)
         finally:
             self.meta.close()
         return [RangePartition(r) for r in split_ranges(plan_ranges(start, end), self.min_partitions, self.max_records)]
