@@ -37,7 +37,7 @@ GOOD_TXN = "good-txn"
 GOOD_GROUP = "good-group"
 TXN_MAX_TIMEOUT_MS = 10_000
 BAD_LOG = re.compile(r"internal error|Traceback|Exception in callback|exception was never retrieved|"
-                     r"background task .* failed|Fatal error", re.I)
+                     r"background task .* failed|Fatal error|never awaited", re.I)
 
 
 def rss_bytes(pid: int) -> int:
