@@ -395,8 +395,8 @@ def test_a_topic_deleted_while_its_produce_waits_for_the_fsync_is_no_internal_er
             # client's DeleteTopics removes the partition before the fsync is planned.
             producer.data_received(_produce(1) + _api_versions(2))
             admin.data_received(delete)
-            for _ in range(100):
-                if len(produced.written) >= 2 or produced.closed:
+            for _ in range(2000):  # DeleteTopics answers once its files are removed, on a worker thread
+                if (len(produced.written) >= 2 or produced.closed) and deleted.written:
                     break
                 await asyncio.sleep(0.005)
             return produced, deleted
