@@ -419,12 +419,13 @@ class KafkaMetadata:
         return out
 
     def resolve(self, spec: OffsetSpec | str | dict[str, dict[int, int]], default_new: str = "earliest",
-                strategy: str = "error", ending: bool = False) -> Offsets:
+                strategy: str = "error", ending: bool = False, fail_on_data_loss: bool = True) -> Offsets:
         """Concrete offsets for every current partition.
 
         Per-partition specs (offsets or timestamps) must name every partition, as in Spark. A
         timestamp with no record at or after it resolves to the latest offset for an ending spec
-        or with ``startingOffsetsByTimestampStrategy=latest``, and is an error otherwise.
+        or with ``startingOffsetsByTimestampStrategy=latest``, and is an error otherwise. Explicit
+        ending offsets past a partition's end are a data loss (``_check_ending``).
         """
         if not isinstance(spec, OffsetSpec):  # the older call form: earliest/latest/JSON offsets
             spec = OffsetSpec(spec, "startingOffsets") if isinstance(spec, str) else \
@@ -466,6 +467,8 @@ class KafkaMetadata:
                         found = high
                     off = found
                 resolved.setdefault(t, {})[p] = off
+        if ending and spec.kind == "offsets":
+            resolved = _check_ending(resolved, marks, fail_on_data_loss)
         return resolved
 
 
@@ -479,10 +482,7 @@ def _check_data_loss(start: Offsets, marks: dict[str, dict[str, tuple[int, int]]
                 # whose beginning is gone already is a data loss (Spark's "Added partition ...").
                 fixed.setdefault(t, {})[p] = low
                 if low > 0:
-                    message = f"added partition {t}-{p} starts from {low} instead of 0"
-                    if fail:
-                        raise RuntimeError(f"{message}. {FAIL_ON_DATA_LOSS_ADVICE}")
-                    log.warning("%s: some data may have been missed (failOnDataLoss=false)", message)
+                    _data_loss(f"added partition {t}-{p} starts from {low} instead of 0", fail)
             elif cur < low or cur > high:
                 if fail:
                     raise RuntimeError(f"data loss on {t}-{p}: next offset {cur} is outside [{low}, {high}] "
@@ -502,10 +502,8 @@ def _check_ending(end: Offsets, marks: dict[str, dict[str, tuple[int, int]]], fa
         for p, (_low, high) in ps.items():
             want = fixed.get(t, {}).get(p)
             if want is not None and want > high:
-                message = f"endingOffsets asks for {t}-{p} up to {want}, past its end {high}"
-                if fail:
-                    raise RuntimeError(f"{message}. {FAIL_ON_DATA_LOSS_ADVICE}")
-                log.warning("%s: read up to %d (failOnDataLoss=false)", message, high)
+                _data_loss(f"endingOffsets asks for {t}-{p} up to {want}, past its end {high}", fail,
+                           f"read up to {high}")
                 fixed[t][p] = high
     return fixed
 
@@ -518,10 +516,15 @@ def _report_gone(start: Offsets, end: Offsets, fail: bool) -> None:
     gone = sorted(f"{t}-{p}" for t, ps in start.items() for p in ps if p not in end.get(t, {}))
     if not gone:
         return
-    message = f"partitions {', '.join(gone)} are gone (topic deleted?)"
+    _data_loss(f"partitions {', '.join(gone)} are gone (topic deleted?)", fail)
+
+
+def _data_loss(message: str, fail: bool, outcome: str = "some data may have been missed") -> None:
+    """A data loss the query meets: an error naming the failOnDataLoss option, or, with that option
+    off, a warning saying what the query does instead (``outcome``)."""
     if fail:
         raise RuntimeError(f"{message}. {FAIL_ON_DATA_LOSS_ADVICE}")
-    log.warning("%s: some data may have been missed (failOnDataLoss=false)", message)
+    log.warning("%s: %s (failOnDataLoss=false)", message, outcome)
 
 
 try:  # pragma: no cover - exercised only with pyspark installed
@@ -694,10 +697,7 @@ class KafkaBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[Any]:
         try:
             start = self.meta.resolve(self.starting, strategy=self.strategy)
-            end = self.meta.resolve(self.ending, ending=True)
-            if self.ending.kind == "offsets":
-                end = _check_ending(end, self.meta.watermarks({t: [int(p) for p in ps] for t, ps in end.items()}),
-                                    self.fail_on_data_loss)
+            end = self.meta.resolve(self.ending, ending=True, fail_on_data_loss=self.fail_on_data_loss)
         finally:
             self.meta.close()
         return [RangePartition(r) for r in split_ranges(plan_ranges(start, end), self.min_partitions, self.max_records)]
