@@ -54,6 +54,9 @@ T = TypeVar("T")
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
 CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
+#: Kafka's Topic.isInternal, by name: the topics made here with ``internal=True`` (so
+#: ``TopicInfo.is_internal``), which no client may add to a transaction even before they exist.
+INTERNAL_TOPICS = frozenset({CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 
 
 def _collect(task: asyncio.Future[None]) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request, td_ms
 from oncelog.server.authz import Op, R, allowed, idempotent_write_allowed
-from oncelog.server.coordination import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
+from oncelog.server.coordination import INTERNAL_TOPICS
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
@@ -26,9 +26,6 @@ if TYPE_CHECKING:
 def _denied(code: ErrorCode, **extra: Any) -> dict[str, Any]:
     return {"throttle_time": 0, "error_code": code, **extra}
 
-
-#: Kafka's Topic.isInternal: never added to a transaction by a client.
-_INTERNAL_TOPICS = frozenset({CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 
 #: The first version of each request that knows PRODUCER_FENCED (KIP-588); an older client gets
 #: INVALID_PRODUCER_EPOCH instead, the code it handles the same way (Kafka's KafkaApis).
@@ -79,7 +76,7 @@ def handle_add_partitions_to_txn(broker: Broker, req: Request) -> dict[str, Any]
     requested = [(t.name, p) for t in body.v3_and_below_topics for p in t.partitions]
     if not allowed(broker, req, Op.WRITE, R.TRANSACTIONAL_ID, transactional_id):
         return _add_partitions_answer(req, dict.fromkeys(requested, ErrorCode.transactional_id_authorization_failed))
-    authorized_topics = {t for t, _ in requested if t not in _INTERNAL_TOPICS
+    authorized_topics = {t for t, _ in requested if t not in INTERNAL_TOPICS
                          and allowed(broker, req, Op.WRITE, R.TOPIC, t)}
     errors: dict[tuple[str, int], ErrorCode] = {}
     for tp in requested:
