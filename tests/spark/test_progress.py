@@ -178,3 +178,51 @@ def test_records_no_sink_wrote_are_skipped_with_a_warning_and_the_sink_carries_o
 
 def test_progress_values_are_json_with_the_partition_count() -> None:
     assert json.loads(progress_value(3, 10, 16)) == {"batch_id": 3, "rows": 10, "parts": 16}
+
+
+class _SpentReader:
+    """A pooled consumer whose fetch size librdkafka has doubled to its limit (a compacted progress
+    topic's emptied batches): every consume answers MSG_SIZE_TOO_LARGE where it stands."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.closed = False
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        from confluent_kafka import Message, TopicPartition
+
+        (tp,) = self.real.assignment()
+        pos = self.real.position([TopicPartition(tp.topic, tp.partition)])[0].offset
+        return [Message(topic=tp.topic, partition=tp.partition, offset=max(pos, 0),
+                        error=KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))]
+
+    def close(self) -> None:
+        self.closed = True
+        self.real.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_a_progress_reader_whose_fetch_size_ran_out_is_renewed(broker: BrokerProcess) -> None:
+    """The progress log's pooled reader meets what the source's executor reads meet on a compacted
+    topic (librdkafka's fetch size doubled to 1 GiB): it is discarded and the read goes on with a new
+    consumer, as in ``ranges.consume_range``'s ``renew``. Before, the sink's task failed."""
+    from confluent_kafka import Consumer, Producer
+
+    from oncelog.spark.clients import CONSUMERS
+
+    bs = broker.bootstrap
+    create_topic(bs, "progress-spent", 1)
+    key = progress_key("q-spent/out", 0)
+    p = Producer({"bootstrap.servers": bs})
+    for b in range(5):
+        p.produce("progress-spent", key=key.encode(), value=progress_value(b, 2, 1), partition=0)
+    p.flush(15)
+    clear_cache()
+    log = ProgressLog({"bootstrap.servers": bs}, "progress-spent", 1)
+    config = log._consumer_config("read_committed")
+    spent = _SpentReader(Consumer(config))
+    CONSUMERS.give(config, spent)
+    assert log.read(0).latest[key] == Committed(4, 2)
+    assert spent.closed, "the spent consumer is discarded, never pooled again"

@@ -127,6 +127,21 @@ def connect_error(bootstrap: str, timeout_s: float, exc: BaseException, option: 
                            f"(option {option}): {exc}")
 
 
+class _Reader:
+    """A pooled read_committed consumer of the progress topic, renewed where it stands when
+    librdkafka's fetch size ran out (MSG_SIZE_TOO_LARGE after fetches that yield nothing: a
+    compacted progress topic's cleaned segments), as the source's executor reads do."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.consumer = CONSUMERS.take(config)
+
+    def renew(self, spent: Any) -> Any:
+        CONSUMERS.discard(spent)
+        self.consumer = CONSUMERS.make(self.config)
+        return self.consumer
+
+
 def _parse(raw_key: bytes | None, raw_value: bytes | None) -> tuple[str, dict[str, Any]] | None:
     """A progress record's key and value as a sink writes them (``progress_value``,
     ``snapshot_value``), or None for anything else: bytes that are not UTF-8 or JSON, a value that
@@ -254,8 +269,7 @@ class ProgressLog:
             state = cached.copy() if cached is not None else None
         if state is not None and state.position > high:
             state = None  # the topic was deleted and created again: nothing cached is valid
-        reader_config = self._consumer_config("read_committed")
-        reader = CONSUMERS.take(reader_config)
+        reader = _Reader(self._consumer_config("read_committed"))
         self.last_read_records = 0
         self.foreign_records = 0
         try:
@@ -264,9 +278,9 @@ class ProgressLog:
             else:
                 state = self._read_back(reader, part, low, high)
         except BaseException:
-            CONSUMERS.discard(reader)
+            CONSUMERS.discard(reader.consumer)
             raise
-        CONSUMERS.give(reader_config, reader)
+        CONSUMERS.give(reader.config, reader.consumer)
         state.position = high
         with _CACHE_LOCK:
             cached = _CACHE.get(cache_key)
@@ -274,7 +288,7 @@ class ProgressLog:
                 _CACHE[cache_key] = state.copy()
         return state
 
-    def _read_back(self, reader: Any, part: int, low: int, high: int) -> PartitionState:
+    def _read_back(self, reader: _Reader, part: int, low: int, high: int) -> PartitionState:
         """Read ``[lo, high)`` for ever lower ``lo`` until a snapshot covers what lies below it."""
         state = PartitionState(position=low)
         lo, end = max(low, high - 2 * SNAPSHOT_EVERY), high
@@ -288,13 +302,14 @@ class ProgressLog:
                 return state
             lo, end = max(low, lo - 2 * (high - lo)), lo
 
-    def _apply(self, reader: Any, part: int, state: PartitionState, start: int, end: int) -> int | None:
+    def _apply(self, reader: _Reader, part: int, state: PartitionState, start: int, end: int) -> int | None:
         """Merge the committed records of ``[start, end)`` into ``state``; the newest snapshot's cut, if any."""
         upto: int | None = None
         if start >= end:
             return None
-        for msgs in consume_range(reader, self.topic, part, start, end, self.timeout_s, 1000, poll_timeout_s=0.01,
-                                  what=f"progress partition {self.topic}-{part}"):
+        for msgs in consume_range(reader.consumer, self.topic, part, start, end, self.timeout_s, 1000,
+                                  poll_timeout_s=0.01, what=f"progress partition {self.topic}-{part}",
+                                  renew=reader.renew):
             self.last_read_records += len(msgs)
             for m in msgs:
                 parsed = _parse(m.key(), m.value())
