@@ -421,3 +421,26 @@ def test_a_pass_encodes_a_bounded_number_of_snapshot_entries_and_a_later_one_the
         plog.append(batch(pid=100 * plog.partition, epoch=0, seq=1))
     second = _plan_pass(logs, clock)
     assert [(plog.partition, job.snapshot is not None) for plog, job in second.jobs] == [(2, True), (3, True)]
+
+
+def test_a_clean_stop_rewrites_the_checkpoint_with_where_each_partition_stands(tmp_path: Path) -> None:
+    """A stale checkpoint value (here one past the data, as a log cut below it leaves) was kept by a
+    clean stop and met again at every start. A clean stop now writes every partition's recovery
+    point, as Kafka's shutdown checkpoints its logs; a crash leaves the file as it was."""
+    from tests.inproc import InProcessBroker
+
+    b = InProcessBroker(tmp_path)
+    try:
+        b.create_topic(TOPIC, 2)
+        assert b.produce(TOPIC, 0, batch(3)) == 0
+        path = tmp_path / recovery_checkpoint.FILE_NAME
+        topic_id = b.broker.logs.topics()[TOPIC].topic_id
+        stale = {(TOPIC, 0): (1150, topic_id), (TOPIC, 1): (7, topic_id)}
+        path.write_bytes(recovery_checkpoint.encode(stale))
+        b.restart(clean=False)
+        assert recovery_checkpoint.read(path) == stale
+        b.restart(clean=True)
+        points = recovery_checkpoint.read(path)
+        assert points[(TOPIC, 0)] == (3, topic_id) and points[(TOPIC, 1)] == (0, topic_id)
+    finally:
+        b.close()

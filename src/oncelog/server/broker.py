@@ -282,6 +282,7 @@ class Broker:
         self._read_executor.shutdown(wait=True)
         self.logs.close()  # waits for flushes in flight
         self._flush_executor.shutdown(wait=True)
+        self.logs.checkpoint_at_stop()
         self._sync_executor.shutdown(wait=True)
         self._close_sync_ring()
         if self.logs.dir_state.offline_reason is None:

@@ -588,3 +588,18 @@ class LogManager:
         self.cleaner.abort_all()
         for plog in self._partitions.values():
             plog.close()
+
+    def checkpoint_at_stop(self) -> None:
+        """After :meth:`close`, once no flush pass can run any more (a pass writes the same file):
+        the recovery-point checkpoint rewritten with where each partition now stands, as Kafka's
+        shutdown checkpoints its logs, so a stale value (one past a log cut since, say) is not met
+        again at the next start. Nothing is written to a failed directory; the checkpoint is an
+        optimisation, so failing to write it is only a warning."""
+        if self.dir_state.offline_reason is not None:
+            return
+        points = {key: (plog.recovery_point, self._topics[plog.topic].topic_id)
+                  for key, plog in self._partitions.items()}
+        try:
+            fileio.fs.write_atomic(self._checkpoint_path(), recovery_checkpoint.encode(points))
+        except OSError as exc:
+            log.warning("could not write %s at a clean stop: %s", self._checkpoint_path(), exc)
