@@ -59,15 +59,14 @@ class UpsertSink:
 
     def _check_replay(self, committed_rows: int | None, higher: int | None, batch_id: int, rows: int) -> bool:
         """True to skip (this batch is applied, same row count); raises when neither skipping nor
-        applying would be exactly once."""
+        applying would be exactly once.
+
+        A later batch's marker is looked at first: a genuine replay is always of the latest batch
+        (Spark runs batch N+1 only once N is committed), so when one exists this batch's own marker
+        (if any) was left by another run — a query restarted from a fresh checkpoint under the same
+        query id — and matching row counts prove nothing. Checked second, such a batch 0, 1, ...
+        was silently skipped whenever its row count happened to equal the old run's."""
         where = f"database sink {self.table!r} query {self.query_id!r}"
-        if committed_rows is not None:
-            if committed_rows >= 0 and committed_rows != rows:
-                raise RuntimeError(
-                    f"{where}: batch {batch_id} was applied with {committed_rows} rows but its replay has {rows}: "
-                    "the replay is not the same data (non-deterministic expression, failOnDataLoss=false with "
-                    "records removed by retention, changed partitioning)")
-            return True
         if higher is not None:
             if self.fail_on_higher_committed_batch:
                 raise RuntimeError(
@@ -75,6 +74,13 @@ class UpsertSink:
                     "was rewound or restored, or another query reuses this query id. Use a new checkpoint or "
                     "query id, or pass fail_on_higher_committed_batch=False to skip such batches.")
             log.warning("%s: batch %d already applied; skipping batch %d", where, higher, batch_id)
+            return True
+        if committed_rows is not None:
+            if committed_rows >= 0 and committed_rows != rows:
+                raise RuntimeError(
+                    f"{where}: batch {batch_id} was applied with {committed_rows} rows but its replay has {rows}: "
+                    "the replay is not the same data (non-deterministic expression, failOnDataLoss=false with "
+                    "records removed by retention, changed partitioning)")
             return True
         return False
 
