@@ -48,3 +48,59 @@ def test_a_reused_query_id_is_not_taken_for_a_replay(db_url: str, caplog: pytest
             "lenient mode skips such a batch, whatever its row count"
     assert "batch 2 already applied; skipping batch 0" in caplog.text
     assert query(db_url, "SELECT COUNT(*) FROM totals WHERE account IN ('x', 'y', 'z', 'p', 'q')") == [(0,)]
+
+
+def test_null_is_a_key_value_like_any_other(db_url: str) -> None:
+    """Spark's groupBy emits a NULL group, updated each batch: one row for it (SQLite held a new row
+    per batch, PostgreSQL refused the batch for ever)."""
+    totals = database_sink(db_url, "totals", "q", key_columns=["account"])
+    for b in range(3):
+        assert totals.apply([{"account": "a", "total": b + 1}, {"account": None, "total": 100 * (b + 1)}], b)
+    assert sorted(query(db_url, "SELECT account, total FROM totals"), key=repr) == [("a", 3), (None, 300)]
+    pairs = database_sink(db_url, "pairs", "q", key_columns=["k", "j"])  # NULL in one part of a composite key
+    for b in range(2):
+        assert pairs.apply([{"k": None, "j": 1, "v": b}, {"k": "a", "j": None, "v": b},
+                            {"k": None, "j": None, "v": b}, {"k": "a", "j": 1, "v": b}], b)
+    assert query(db_url, "SELECT COUNT(*), SUM(v) FROM pairs") == [(4, 4)]
+
+
+def test_a_nan_key_in_sqlite_is_the_null_key(tmp_path: Path) -> None:
+    sink = database_sink(str(tmp_path / "db.sqlite"), "t", "q", key_columns=["k"])
+    assert sink.apply([{"k": float("nan"), "v": 1}], 0)
+    assert sink.apply([{"k": float("nan"), "v": 2}], 1)
+    assert sink.apply([{"k": None, "v": 3}, {"k": 0.0, "v": 4}], 2)
+    with sqlite3.connect(tmp_path / "db.sqlite") as conn:
+        assert sorted(conn.execute("SELECT k, v FROM t").fetchall(), key=repr) == [(0.0, 4), (None, 3)]
+
+
+def test_an_old_sqlite_table_gets_the_null_key_index(tmp_path: Path) -> None:
+    """A table created by the earlier sink (PRIMARY KEY) gets the index in its next batch; one that
+    already holds repeated NULL keys fails saying which rows to delete, and rolls back."""
+    db = tmp_path / "db.sqlite"
+    with sqlite3.connect(db) as conn:
+        conn.execute('CREATE TABLE "old" ("account", "total", PRIMARY KEY ("account"))')
+        conn.execute("INSERT INTO old VALUES ('a', 1)")
+        conn.execute('CREATE TABLE "dup" ("account", "total", PRIMARY KEY ("account"))')
+        conn.executemany("INSERT INTO dup VALUES (?, ?)", [(None, 1), (None, 2)])
+    old = database_sink(str(db), "old", "q", key_columns=["account"])
+    for b in range(2):
+        assert old.apply([{"account": "a", "total": 10 + b}, {"account": None, "total": 20 + b}], b)
+    dup = database_sink(str(db), "dup", "q", key_columns=["account"])
+    with pytest.raises(RuntimeError, match=r"several rows with one key.*delete the older duplicates"):
+        dup.apply([{"account": None, "total": 3}], 0)
+    with sqlite3.connect(db) as conn:
+        assert sorted(conn.execute("SELECT * FROM old").fetchall(), key=repr) == [("a", 11), (None, 21)]
+        assert conn.execute("SELECT COUNT(*) FROM oncelog_sink_batches WHERE target = 'dup'").fetchone() == (0,)
+        conn.execute("DELETE FROM dup WHERE total = 1")
+    assert dup.apply([{"account": None, "total": 3}], 0), "applied once the duplicates are gone"
+
+
+def test_an_old_postgres_table_refuses_null_keys_clearly(postgres_url: str) -> None:
+    import psycopg
+
+    with psycopg.connect(postgres_url) as conn:
+        conn.execute("CREATE TABLE old (account text PRIMARY KEY, total bigint)")
+    sink = database_sink(postgres_url, "old", "q", key_columns=["account"])
+    with pytest.raises(ValueError, match=r"\['account'\] are NULL.*NOT NULL.*NULLS NOT DISTINCT"):
+        sink.apply([{"account": None, "total": 1}], 0)
+    assert sink.apply([{"account": "a", "total": 1}], 0), "non-NULL keys still work"

@@ -97,7 +97,16 @@ class UpsertSink:
 
 
 class SqliteUpsertSink(UpsertSink):
-    """Upserts into the SQLite file ``path`` (table created on first use, columns loosely typed)."""
+    """Upserts into the SQLite file ``path`` (table created on first use, columns loosely typed).
+
+    NULL is a key value like any other: the rows are keyed by a unique index on ``(k IS NULL,
+    IFNULL(k, 0))`` for each key column ``k`` (named ``<table>_oncelog_key``), not by a PRIMARY KEY,
+    which SQLite lets hold any number of NULLs (a running total of a NULL group was a new row each
+    batch). A float NaN, which SQLite stores as NULL, is therefore the same key as NULL. A table
+    created by an earlier version keeps its PRIMARY KEY and gets the index beside it, in the
+    transaction of its next batch; if it already holds duplicate NULL-keyed rows the index cannot
+    be built and the batch fails saying so (delete the older duplicates, then retry).
+    """
 
     def __init__(self, path: str | Path, table: str, query_id: str,
                  key_columns: Sequence[str] = KAFKA_COORDINATES, fail_on_higher_committed_batch: bool = True) -> None:
@@ -120,13 +129,14 @@ class SqliteUpsertSink(UpsertSink):
             if rows:
                 cols = self._columns(rows)
                 q = [f'"{c}"' for c in cols]
-                keys = ", ".join(f'"{c}"' for c in self.key_columns)
-                conn.execute(f'CREATE TABLE IF NOT EXISTS "{self.table}" ({", ".join(q)}, PRIMARY KEY ({keys}))')
+                key = self._key_expressions()
+                conn.execute(f'CREATE TABLE IF NOT EXISTS "{self.table}" ({", ".join(q)})')
+                self._create_key_index(conn, key)
                 updates = ", ".join(f'"{c}" = excluded."{c}"' for c in cols if c not in self.key_columns)
                 conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
                 conn.executemany(
                     f'INSERT INTO "{self.table}" ({", ".join(q)}) VALUES ({", ".join("?" for _ in cols)}) '
-                    f"ON CONFLICT ({keys}) {conflict}",
+                    f"ON CONFLICT ({key}) {conflict}",
                     [tuple(_plain_value(r.get(c)) for c in cols) for r in rows])
             conn.execute(f"INSERT INTO {MARKERS} VALUES (?, ?, ?, ?)", (self.table, self.query_id, batch_id, len(rows)))
             conn.execute("COMMIT")
@@ -138,12 +148,32 @@ class SqliteUpsertSink(UpsertSink):
         finally:
             conn.close()
 
+    def _key_expressions(self) -> str:
+        return ", ".join(f'("{c}" IS NULL), IFNULL("{c}", 0)' for c in self.key_columns)
+
+    def _create_key_index(self, conn: sqlite3.Connection, key: str) -> None:
+        try:
+            conn.execute(f'CREATE UNIQUE INDEX IF NOT EXISTS "{self.table}_oncelog_key" ON "{self.table}" ({key})')
+        except sqlite3.IntegrityError as e:
+            nulls = " OR ".join(f'"{c}" IS NULL' for c in self.key_columns)
+            raise RuntimeError(
+                f"database sink {self.table!r}: table {self.table!r} holds several rows with one key "
+                f"{tuple(self.key_columns)} where a key column is NULL (written by an earlier version, whose "
+                f"PRIMARY KEY let NULL keys repeat), so the index that makes NULL one key value cannot be built: "
+                f"delete the older duplicates (SELECT rowid, * FROM \"{self.table}\" WHERE {nulls}) and retry"
+            ) from e
+
 
 class PostgresUpsertSink(UpsertSink):
     """Upserts into PostgreSQL at ``url`` (``postgresql://user:pass@host:port/db``) through psycopg 3.
 
     The table is created on first use with column types taken from the first batch's Python values
-    (int → bigint, float → double precision, bool → boolean, bytes → bytea, anything else → text).
+    (int → bigint, float → double precision, bool → boolean, bytes → bytea, anything else → text)
+    and, on PostgreSQL 15+, ``UNIQUE NULLS NOT DISTINCT`` on the key columns, so NULL is a key value
+    like any other (Spark's ``groupBy`` emits a NULL group). Older servers get a PRIMARY KEY, as
+    earlier versions of this sink created everywhere; such a table refuses NULL keys, and a batch
+    with one fails with a ``ValueError`` saying how to migrate the table (the upsert's
+    ``ON CONFLICT (keys)`` works with either constraint).
     The batch marker (with the batch's row count) is inserted first with ``ON CONFLICT DO NOTHING``:
     if it already exists the transaction is rolled back untouched; if another session holds it
     uncommitted, PostgreSQL blocks this one until that session ends, so concurrent attempts of one
@@ -186,8 +216,10 @@ class PostgresUpsertSink(UpsertSink):
                 keys = sql.SQL(", ").join(sql.Identifier(c) for c in self.key_columns)
                 col_defs = sql.SQL(", ").join(
                     sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(_pg_type(rows, c))) for c in cols)
-                conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(
-                    sql.Identifier(self.table), col_defs, keys))
+                unique = "UNIQUE NULLS NOT DISTINCT" if conn.info.server_version >= 150000 else "PRIMARY KEY"
+                conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, {} ({}))").format(
+                    sql.Identifier(self.table), col_defs, sql.SQL(unique), keys))
+                self._check_null_keys(conn, rows)
                 non_keys = [c for c in cols if c not in self.key_columns]
                 conflict: sql.Composable
                 if non_keys:
@@ -202,6 +234,30 @@ class PostgresUpsertSink(UpsertSink):
                     c.executemany(stmt, [tuple(_plain_value(r.get(col)) for col in cols) for r in rows])
             conn.commit()
             return True
+
+    def _check_null_keys(self, conn: Any, rows: list[dict[str, Any]]) -> None:
+        """A clear error, before PostgreSQL's NotNullViolation, when a NULL key meets a key column
+        that is NOT NULL (a PRIMARY KEY: a table created by an earlier version or on a server
+        older than 15, or by hand)."""
+        nulls = [c for c in self.key_columns if any(r.get(c) is None for r in rows)]
+        if not nulls:
+            return
+        not_null = [name for (name,) in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = ANY(%s) "
+            "AND attnotnull", (_pg_regclass_name(self.table), nulls)).fetchall()]
+        if not_null:
+            raise ValueError(
+                f"database sink {self.table!r}: key column(s) {not_null} are NULL in some rows but NOT NULL in "
+                f"the table (a PRIMARY KEY: a table created by an earlier version of this sink, or on "
+                f"PostgreSQL < 15, which has no UNIQUE NULLS NOT DISTINCT). On PostgreSQL 15+ make NULL a key "
+                f"value: ALTER TABLE ... DROP CONSTRAINT <its primary key>, ADD UNIQUE NULLS NOT DISTINCT "
+                f"({', '.join(self.key_columns)}), and ALTER COLUMN ... DROP NOT NULL for each key column; "
+                f"or give the NULL keys a value (coalesce) or filter them out in the query")
+
+
+def _pg_regclass_name(name: str) -> str:
+    """``name`` (``table`` or ``schema.table``, plain identifiers) as ``to_regclass`` text, quoted."""
+    return ".".join(f'"{part}"' for part in name.split("."))
 
 
 def _plain_value(v: Any) -> Any:
