@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from oncelog.spark.foreach_batch import database_sink
+from oncelog.testing.postgres import PostgresServer
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -104,3 +107,39 @@ def test_an_old_postgres_table_refuses_null_keys_clearly(postgres_url: str) -> N
     with pytest.raises(ValueError, match=r"\['account'\] are NULL.*NOT NULL.*NULLS NOT DISTINCT"):
         sink.apply([{"account": None, "total": 1}], 0)
     assert sink.apply([{"account": "a", "total": 1}], 0), "non-NULL keys still work"
+
+
+def fresh_database(server: PostgresServer) -> str:
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return server.url.rsplit("/", 1)[0] + "/" + name
+
+
+def test_first_batches_racing_on_postgres_create_table(postgres_server: PostgresServer) -> None:
+    """Queries started together on a database the sink never used: their first batches create the
+    markers table (and a shared table) at once. PostgreSQL does not serialise CREATE TABLE IF NOT
+    EXISTS of one name: without a lock the losers failed (UniqueViolation on pg_type)."""
+    errors: list[str] = []
+    for trial in range(4):
+        url = fresh_database(postgres_server)
+        tables = [f"t{i}" for i in range(4)] if trial % 2 == 0 else ["shared"] * 4
+        sinks = [database_sink(url, t, f"q{i}", key_columns=["k"]) for i, t in enumerate(tables)]
+        barrier = threading.Barrier(len(sinks))
+
+        def run(sink: Any, barrier: threading.Barrier) -> None:
+            barrier.wait()
+            try:
+                sink.apply([{"k": "a", "v": 1}], 0)
+            except Exception as e:
+                errors.append(f"{type(e).__name__}: {e}")
+
+        threads = [threading.Thread(target=run, args=(s, barrier)) for s in sinks]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        assert query(url, "SELECT COUNT(*) FROM oncelog_sink_batches") == [(4,)]

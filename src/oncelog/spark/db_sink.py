@@ -22,6 +22,7 @@ The sinks run on the driver: the batch is collected, which suits the small, aggr
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import sqlite3
 from collections.abc import Sequence
@@ -190,9 +191,7 @@ class PostgresUpsertSink(UpsertSink):
         from psycopg import sql
 
         with psycopg.connect(self.url) as conn:  # one transaction; committed on success, rolled back on error
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {MARKERS} (target text, query_id text, batch_id bigint, "
-                         "rows bigint, PRIMARY KEY (target, query_id, batch_id))")
-            conn.commit()  # DDL outside the batch's transaction: a concurrent CREATE must not abort it
+            self._create_tables(conn, rows)  # its own transaction, committed
             cur = conn.execute(f"INSERT INTO {MARKERS} VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
                                (self.table, self.query_id, batch_id, len(rows)))
             seen = None
@@ -214,11 +213,6 @@ class PostgresUpsertSink(UpsertSink):
                 cols = self._columns(rows)
                 ident = [sql.Identifier(c) for c in cols]
                 keys = sql.SQL(", ").join(sql.Identifier(c) for c in self.key_columns)
-                col_defs = sql.SQL(", ").join(
-                    sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(_pg_type(rows, c))) for c in cols)
-                unique = "UNIQUE NULLS NOT DISTINCT" if conn.info.server_version >= 150000 else "PRIMARY KEY"
-                conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, {} ({}))").format(
-                    sql.Identifier(self.table), col_defs, sql.SQL(unique), keys))
                 self._check_null_keys(conn, rows)
                 non_keys = [c for c in cols if c not in self.key_columns]
                 conflict: sql.Composable
@@ -234,6 +228,29 @@ class PostgresUpsertSink(UpsertSink):
                     c.executemany(stmt, [tuple(_plain_value(r.get(col)) for col in cols) for r in rows])
             conn.commit()
             return True
+
+    def _create_tables(self, conn: Any, rows: list[dict[str, Any]]) -> None:
+        """Creates the markers table and (for a batch with rows) the target table if missing, in a
+        transaction of their own (a failed batch keeps them), under an advisory lock per table:
+        PostgreSQL does not serialise concurrent ``CREATE TABLE IF NOT EXISTS`` of one name (the
+        loser fails with a UniqueViolation on pg_type or DuplicateObject), so the first batches of
+        queries starting together failed; behind the lock the loser sees the winner's table."""
+        from psycopg import sql
+
+        schema = conn.execute("SELECT current_schema()").fetchone()[0]
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ddl_lock_key(f"{schema}.{MARKERS}"),))
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {MARKERS} (target text, query_id text, batch_id bigint, "
+                     "rows bigint, PRIMARY KEY (target, query_id, batch_id))")
+        if rows:
+            cols = self._columns(rows)
+            col_defs = sql.SQL(", ").join(
+                sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(_pg_type(rows, c))) for c in cols)
+            unique = "UNIQUE NULLS NOT DISTINCT" if conn.info.server_version >= 150000 else "PRIMARY KEY"
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ddl_lock_key(f"{schema}.{self.table}"),))
+            conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, {} ({}))").format(
+                sql.Identifier(self.table), col_defs, sql.SQL(unique),
+                sql.SQL(", ").join(sql.Identifier(c) for c in self.key_columns)))
+        conn.commit()
 
     def _check_null_keys(self, conn: Any, rows: list[dict[str, Any]]) -> None:
         """A clear error, before PostgreSQL's NotNullViolation, when a NULL key meets a key column
@@ -253,6 +270,12 @@ class PostgresUpsertSink(UpsertSink):
                 f"value: ALTER TABLE ... DROP CONSTRAINT <its primary key>, ADD UNIQUE NULLS NOT DISTINCT "
                 f"({', '.join(self.key_columns)}), and ALTER COLUMN ... DROP NOT NULL for each key column; "
                 f"or give the NULL keys a value (coalesce) or filter them out in the query")
+
+
+def _ddl_lock_key(qualified_name: str) -> int:
+    """A PostgreSQL advisory lock key (a signed bigint) for creating the table ``qualified_name``."""
+    digest = hashlib.blake2b(f"oncelog.spark.db_sink create {qualified_name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
 
 
 def _pg_regclass_name(name: str) -> str:
