@@ -143,3 +143,46 @@ def test_first_batches_racing_on_postgres_create_table(postgres_server: Postgres
             t.join(60)
         assert errors == []
         assert query(url, "SELECT COUNT(*) FROM oncelog_sink_batches") == [(4,)]
+
+
+def test_a_least_privilege_postgres_role(postgres_url: str) -> None:
+    """A role with DML on tables created beforehand and no CREATE on the schema (PostgreSQL 15's
+    default on public): every batch used to run CREATE TABLE IF NOT EXISTS and was refused."""
+    import psycopg
+
+    role = f"app_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"REVOKE CREATE ON SCHEMA public FROM PUBLIC, {role}")
+        conn.execute("CREATE TABLE oncelog_sink_batches (target text, query_id text, batch_id bigint, rows bigint, "
+                     "PRIMARY KEY (target, query_id, batch_id))")
+        conn.execute("CREATE TABLE totals (account text PRIMARY KEY, total bigint)")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE ON oncelog_sink_batches, totals TO {role}")
+    url = postgres_url.replace("oncelog@", f"{role}@")
+    sink = database_sink(url, "totals", "q", key_columns=["account"])
+    assert sink.apply([{"account": "a", "total": 1}], 0)
+    assert sink.apply([{"account": "a", "total": 2}], 1)
+    assert not sink.apply([{"account": "a", "total": 2}], 1)
+    assert query(postgres_url, "SELECT account, total FROM totals") == [("a", 2)]
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # a missing table still needs CREATE
+        database_sink(url, "other", "q", key_columns=["account"]).apply([{"account": "a"}], 0)
+
+
+def test_a_schema_qualified_postgres_table(postgres_url: str) -> None:
+    import psycopg
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA analytics")
+    sink = database_sink(postgres_url, "analytics.totals", "q", key_columns=["account"])
+    assert sink.apply([{"account": "a", "total": 1}], 0)
+    assert not sink.apply([{"account": "a", "total": 5}], 0)
+    assert query(postgres_url, "SELECT account, total FROM analytics.totals") == [("a", 1)]
+    assert query(postgres_url, "SELECT target, batch_id FROM analytics.oncelog_sink_batches") == \
+        [("analytics.totals", 0)], "the markers live beside the table"
+    assert query(postgres_url, "SELECT to_regclass('public.oncelog_sink_batches') IS NULL, "
+                               "to_regclass('public.totals') IS NULL") == [(True, True)]
+    for bad in ("a.b.c", "analytics.", "x.tot als"):
+        with pytest.raises(ValueError, match=r"schema\.table"):
+            database_sink(postgres_url, bad, "q")
+    with pytest.raises(ValueError, match="identifiers"):
+        database_sink("sqlite:///x.db", "main.totals", "q")  # SQLite: no schemas

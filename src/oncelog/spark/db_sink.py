@@ -47,7 +47,12 @@ class UpsertSink:
         self.fail_on_higher_committed_batch = fail_on_higher_committed_batch
         if not self.key_columns:
             raise ValueError("at least one key column is needed")
-        if not table.isidentifier() or not all(c.isidentifier() for c in self.key_columns):
+        self._check_table_name(table)
+        if not all(c.isidentifier() for c in self.key_columns):
+            raise ValueError("table and key column names must be plain identifiers")
+
+    def _check_table_name(self, table: str) -> None:
+        if not table.isidentifier():
             raise ValueError("table and key column names must be plain identifiers")
 
     def __call__(self, df: Any, batch_id: int) -> None:
@@ -175,32 +180,54 @@ class PostgresUpsertSink(UpsertSink):
     earlier versions of this sink created everywhere; such a table refuses NULL keys, and a batch
     with one fails with a ``ValueError`` saying how to migrate the table (the upsert's
     ``ON CONFLICT (keys)`` works with either constraint).
+
     The batch marker (with the batch's row count) is inserted first with ``ON CONFLICT DO NOTHING``:
     if it already exists the transaction is rolled back untouched; if another session holds it
     uncommitted, PostgreSQL blocks this one until that session ends, so concurrent attempts of one
     batch apply it once.
+
+    ``table`` may be schema-qualified, ``schema.table`` (each part a plain identifier); the markers
+    table is then ``schema.oncelog_sink_batches``, beside it, and otherwise found or created through
+    the ``search_path`` as an unqualified table is. The markers' ``target`` is ``table`` as given, so
+    every sink of one table must spell it the same way.
+
+    Tables are created only when the catalog (``to_regclass``) lacks them, so a least-privilege role
+    with SELECT, INSERT, UPDATE on tables created beforehand and no CREATE on the schema (PostgreSQL
+    15 grants none on ``public`` to other roles) can run the sink; ``CREATE TABLE IF NOT EXISTS``
+    alone needs CREATE even when the table exists.
     """
 
     def __init__(self, url: str, table: str, query_id: str,
                  key_columns: Sequence[str] = KAFKA_COORDINATES, fail_on_higher_committed_batch: bool = True) -> None:
         super().__init__(table, query_id, key_columns, fail_on_higher_committed_batch)
         self.url = url
+        self.schema = table.rpartition(".")[0]  # "" when unqualified
+        self.markers = f"{self.schema}.{MARKERS}" if self.schema else MARKERS
+
+    def _check_table_name(self, table: str) -> None:
+        parts = table.split(".")
+        if len(parts) > 2 or not all(p.isidentifier() for p in parts):
+            raise ValueError(f"table {table!r}: a PostgreSQL table name must be a plain identifier or "
+                             "schema.table (each part one)")
 
     def apply(self, rows: list[dict[str, Any]], batch_id: int) -> bool:
         import psycopg
         from psycopg import sql
 
+        markers, target = _pg_ident(self.markers), _pg_ident(self.table)
         with psycopg.connect(self.url) as conn:  # one transaction; committed on success, rolled back on error
             self._create_tables(conn, rows)  # its own transaction, committed
-            cur = conn.execute(f"INSERT INTO {MARKERS} VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            cur = conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING").format(markers),
                                (self.table, self.query_id, batch_id, len(rows)))
             seen = None
             if cur.rowcount == 0:  # an attempt that committed first (a concurrent one is waited for)
-                row = conn.execute(f"SELECT rows FROM {MARKERS} WHERE target = %s AND query_id = %s "
-                                   "AND batch_id = %s", (self.table, self.query_id, batch_id)).fetchone()
+                row = conn.execute(sql.SQL("SELECT rows FROM {} WHERE target = %s AND query_id = %s "
+                                           "AND batch_id = %s").format(markers),
+                                   (self.table, self.query_id, batch_id)).fetchone()
                 seen = int(row[0]) if row is not None else -1
-            hi = conn.execute(f"SELECT MAX(batch_id) FROM {MARKERS} WHERE target = %s AND query_id = %s "
-                              "AND batch_id > %s", (self.table, self.query_id, batch_id)).fetchone()
+            hi = conn.execute(sql.SQL("SELECT MAX(batch_id) FROM {} WHERE target = %s AND query_id = %s "
+                                      "AND batch_id > %s").format(markers),
+                              (self.table, self.query_id, batch_id)).fetchone()
             try:
                 skip = self._check_replay(seen, None if hi is None else hi[0], batch_id, len(rows))
             except BaseException:
@@ -222,7 +249,7 @@ class PostgresUpsertSink(UpsertSink):
                 else:
                     conflict = sql.SQL("DO NOTHING")
                 stmt = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) {}").format(
-                    sql.Identifier(self.table), sql.SQL(", ").join(ident),
+                    target, sql.SQL(", ").join(ident),
                     sql.SQL(", ").join(sql.Placeholder() for _ in cols), keys, conflict)
                 with conn.cursor() as c:
                     c.executemany(stmt, [tuple(_plain_value(r.get(col)) for col in cols) for r in rows])
@@ -230,25 +257,32 @@ class PostgresUpsertSink(UpsertSink):
             return True
 
     def _create_tables(self, conn: Any, rows: list[dict[str, Any]]) -> None:
-        """Creates the markers table and (for a batch with rows) the target table if missing, in a
-        transaction of their own (a failed batch keeps them), under an advisory lock per table:
-        PostgreSQL does not serialise concurrent ``CREATE TABLE IF NOT EXISTS`` of one name (the
-        loser fails with a UniqueViolation on pg_type or DuplicateObject), so the first batches of
-        queries starting together failed; behind the lock the loser sees the winner's table."""
+        """Creates the markers table and (for a batch with rows) the target table when the catalog
+        lacks them, in a transaction of their own (a failed batch keeps them), under an advisory
+        lock per table: PostgreSQL does not serialise concurrent ``CREATE TABLE IF NOT EXISTS`` of
+        one name (the loser fails with a UniqueViolation on pg_type or DuplicateObject), so the
+        first batches of queries starting together failed; behind the lock the loser sees the
+        winner's table."""
         from psycopg import sql
 
-        schema = conn.execute("SELECT current_schema()").fetchone()[0]
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ddl_lock_key(f"{schema}.{MARKERS}"),))
-        conn.execute(f"CREATE TABLE IF NOT EXISTS {MARKERS} (target text, query_id text, batch_id bigint, "
-                     "rows bigint, PRIMARY KEY (target, query_id, batch_id))")
-        if rows:
+        current, have_markers, have_table = conn.execute(
+            "SELECT current_schema(), to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+            (_pg_regclass_name(self.markers), _pg_regclass_name(self.table))).fetchone()
+        schema = self.schema or current or ""
+        if not have_markers:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ddl_lock_key(f"{schema}.{MARKERS}"),))
+            conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (target text, query_id text, batch_id bigint, "
+                                 "rows bigint, PRIMARY KEY (target, query_id, batch_id))").format(
+                                     _pg_ident(self.markers)))
+        if rows and not have_table:
             cols = self._columns(rows)
             col_defs = sql.SQL(", ").join(
                 sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(_pg_type(rows, c))) for c in cols)
             unique = "UNIQUE NULLS NOT DISTINCT" if conn.info.server_version >= 150000 else "PRIMARY KEY"
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ddl_lock_key(f"{schema}.{self.table}"),))
+            conn.execute("SELECT pg_advisory_xact_lock(%s)",
+                         (_ddl_lock_key(f"{schema}.{self.table.rpartition('.')[2]}"),))
             conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, {} ({}))").format(
-                sql.Identifier(self.table), col_defs, sql.SQL(unique),
+                _pg_ident(self.table), col_defs, sql.SQL(unique),
                 sql.SQL(", ").join(sql.Identifier(c) for c in self.key_columns)))
         conn.commit()
 
@@ -276,6 +310,13 @@ def _ddl_lock_key(qualified_name: str) -> int:
     """A PostgreSQL advisory lock key (a signed bigint) for creating the table ``qualified_name``."""
     digest = hashlib.blake2b(f"oncelog.spark.db_sink create {qualified_name}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
+
+
+def _pg_ident(name: str) -> Any:
+    """``name`` (``table`` or ``schema.table``) as a psycopg identifier."""
+    from psycopg import sql
+
+    return sql.Identifier(*name.split("."))
 
 
 def _pg_regclass_name(name: str) -> str:
