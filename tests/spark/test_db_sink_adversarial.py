@@ -186,3 +186,18 @@ def test_a_schema_qualified_postgres_table(postgres_url: str) -> None:
             database_sink(postgres_url, bad, "q")
     with pytest.raises(ValueError, match="identifiers"):
         database_sink("sqlite:///x.db", "main.totals", "q")  # SQLite: no schemas
+
+
+def test_a_nul_character_in_postgres_text_is_explained(postgres_url: str) -> None:
+    """A Kafka value cast to a string may hold NUL, which PostgreSQL text cannot: the batch failed
+    at every attempt with a bare DataError; now the error names the table, column and the remedy."""
+    sink = database_sink(postgres_url, "events", "q")
+    row = {"topic": "t", "partition": 0, "offset": 0, "value": "a\x00b"}
+    with pytest.raises(ValueError, match=r"'events'.*column 'value'.*NUL.*CAST\(value AS BINARY\)"):
+        sink.apply([row], 0)
+    assert query(postgres_url, "SELECT COUNT(*) FROM oncelog_sink_batches") == [(0,)], "rolled back"
+    binary = database_sink(postgres_url, "events_bin", "q")
+    assert binary.apply([{**row, "value": b"a\x00b"}], 0), "as binary it is stored losslessly"
+    assert [bytes(v) for (v,) in query(postgres_url, "SELECT value FROM events_bin")] == [b"a\x00b"]
+    with pytest.raises(ValueError, match="query id"):
+        database_sink(postgres_url, "events", "q\x00")

@@ -201,6 +201,8 @@ class PostgresUpsertSink(UpsertSink):
                  key_columns: Sequence[str] = KAFKA_COORDINATES, fail_on_higher_committed_batch: bool = True) -> None:
         super().__init__(table, query_id, key_columns, fail_on_higher_committed_batch)
         self.url = url
+        if "\x00" in query_id:
+            raise ValueError("a PostgreSQL sink's query id cannot hold a NUL character (text cannot store it)")
         self.schema = table.rpartition(".")[0]  # "" when unqualified
         self.markers = f"{self.schema}.{MARKERS}" if self.schema else MARKERS
 
@@ -251,8 +253,12 @@ class PostgresUpsertSink(UpsertSink):
                 stmt = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) {}").format(
                     target, sql.SQL(", ").join(ident),
                     sql.SQL(", ").join(sql.Placeholder() for _ in cols), keys, conflict)
-                with conn.cursor() as c:
-                    c.executemany(stmt, [tuple(_plain_value(r.get(col)) for col in cols) for r in rows])
+                try:
+                    with conn.cursor() as c:
+                        c.executemany(stmt, [tuple(_plain_value(r.get(col)) for col in cols) for r in rows])
+                except psycopg.DataError as e:
+                    self._explain_nul(rows, cols, e)
+                    raise
             conn.commit()
             return True
 
@@ -285,6 +291,23 @@ class PostgresUpsertSink(UpsertSink):
                 _pg_ident(self.table), col_defs, sql.SQL(unique),
                 sql.SQL(", ").join(sql.Identifier(c) for c in self.key_columns)))
         conn.commit()
+
+    def _explain_nul(self, rows: list[dict[str, Any]], cols: list[str], error: Exception) -> None:
+        """PostgreSQL text cannot hold the NUL character, which a Kafka value cast to a string may
+        contain: psycopg's bare DataError named neither the table nor the column, and the batch
+        fails again at every retry. Raises a ValueError that says where and what to do."""
+        for r in rows:
+            for col in cols:
+                v = r.get(col)
+                if isinstance(v, str) and "\x00" in v:
+                    key = {k: r.get(k) for k in self.key_columns}
+                    raise ValueError(
+                        f"database sink {self.table!r}: column {col!r} of the row with key {key} holds a NUL "
+                        f"character (\\x00), which PostgreSQL text cannot store; every retry of the batch fails "
+                        f"the same way. Write the column as binary (Spark: CAST({col} AS BINARY); a new table "
+                        f"gets a bytea column, an existing text column needs ALTER TABLE ... ALTER COLUMN {col} "
+                        f"TYPE bytea USING convert_to({col}, 'UTF8')), or remove the NULs "
+                        f"(regexp_replace({col}, '\\\\x00', ''))") from error
 
     def _check_null_keys(self, conn: Any, rows: list[dict[str, Any]]) -> None:
         """A clear error, before PostgreSQL's NotNullViolation, when a NULL key meets a key column
