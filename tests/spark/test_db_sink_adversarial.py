@@ -6,6 +6,7 @@ target written twice in a batch. Each test drives ``apply`` directly (no Spark).
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 import threading
 import uuid
@@ -201,3 +202,26 @@ def test_a_nul_character_in_postgres_text_is_explained(postgres_url: str) -> Non
     assert [bytes(v) for (v,) in query(postgres_url, "SELECT value FROM events_bin")] == [b"a\x00b"]
     with pytest.raises(ValueError, match="query id"):
         database_sink(postgres_url, "events", "q\x00")
+
+
+def test_in_memory_sqlite_is_refused(tmp_path: Path) -> None:
+    """Every batch would open a new in-memory database: a replay was applied again."""
+    for url in ("sqlite:///:memory:", "sqlite://", ":memory:", ""):
+        with pytest.raises(ValueError, match="in-memory"):
+            database_sink(url, "t", "q", key_columns=["k"])
+
+
+def test_sqlite_paths_follow_sqlalchemy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sqlite:///tmp/x.db is the relative path tmp/x.db (SQLAlchemy's convention), resolved when
+    the sink is made; a file that cannot be opened is named by its resolved path."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tmp").mkdir()
+    sink = database_sink("sqlite:///tmp/x.db", "t", "q", key_columns=["k"])
+    monkeypatch.chdir("/")
+    assert sink.apply([{"k": 1}], 0)
+    assert (tmp_path / "tmp" / "x.db").exists()
+    monkeypatch.chdir(tmp_path)
+    missing = database_sink("sqlite:///no/such/dir/x.db", "t", "q", key_columns=["k"])
+    where = re.escape(f"cannot open the SQLite database {tmp_path}/no/such/dir/x.db")
+    with pytest.raises(sqlite3.OperationalError, match=where):
+        missing.apply([{"k": 1}], 0)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -117,10 +118,20 @@ class SqliteUpsertSink(UpsertSink):
     def __init__(self, path: str | Path, table: str, query_id: str,
                  key_columns: Sequence[str] = KAFKA_COORDINATES, fail_on_higher_committed_batch: bool = True) -> None:
         super().__init__(table, query_id, key_columns, fail_on_higher_committed_batch)
-        self.path = str(path)
+        if str(path) in ("", ":memory:"):
+            raise ValueError(
+                f"SQLite database {str(path)!r} is a new, empty in-memory database for every batch: its markers "
+                "would be lost with it and a replayed batch applied again. Give a file path")
+        self.path = os.path.abspath(path)  # resolved once: a later chdir must not switch databases
 
     def apply(self, rows: list[dict[str, Any]], batch_id: int) -> bool:
-        conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        except sqlite3.OperationalError as e:
+            raise sqlite3.OperationalError(
+                f"database sink {self.table!r}: cannot open the SQLite database {self.path}: {e} "
+                "(sqlite:///name is relative to the working directory, as in SQLAlchemy; an absolute path "
+                "takes four slashes, sqlite:////dir/name)") from e
         try:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute(f"CREATE TABLE IF NOT EXISTS {MARKERS} (target TEXT, query_id TEXT, batch_id INTEGER, "
@@ -371,6 +382,12 @@ def _pg_type(rows: list[dict[str, Any]], col: str) -> str:
 def database_sink(url: str, table: str, query_id: str, key_columns: Sequence[str] = KAFKA_COORDINATES,
                   fail_on_higher_committed_batch: bool = True) -> UpsertSink:
     """A sink for ``url``: ``sqlite:///path`` (or a bare path) or ``postgresql://…`` / ``postgres://…``.
+
+    As in SQLAlchemy, ``sqlite:///name`` is the path ``name`` relative to the working directory
+    (resolved when the sink is made) and ``sqlite:////dir/name`` the absolute ``/dir/name``; so
+    ``sqlite:///tmp/x.db`` is ``./tmp/x.db``. In-memory databases (``sqlite://``,
+    ``sqlite:///:memory:``) are refused: each batch would open a new one, so nothing would record
+    the applied batches.
 
     Its identity is ``(table, query_id)``: several tables of one database may share a query id.
     """
