@@ -214,3 +214,27 @@ def test_a_batch_running_past_its_segment_ends_that_segment_for_reads(tmp_path: 
     read = again.read(header.base_offset, 1 << 20)
     assert read.first_offset == next_base and offsets_in(read.records)[0] == next_base
     assert read_all(again) == [0, *range(next_base, 20, 2)]
+
+
+def test_a_log_start_past_the_recovered_data_starts_the_log_again_there(tmp_path: Path) -> None:
+    """DeleteRecords makes the new log start durable at once; the records below it are fsynced
+    later. A power cut in between (a probe, through the crash file system) left the log start at
+    10 and the log end at 0: appends got offsets 0.. below the start, and no fetch could reach
+    them. As Kafka's deleteSegmentsIfLogStartGreaterThanLogEnd, the log starts again, empty, at its
+    start; the producer state starts empty there too."""
+    plog = open_log(tmp_path)
+    for seq in range(0, 10, 2):
+        plog.append(batch(2, pid=PID, epoch=0, seq=seq))
+    assert plog.delete_records(10) == 10
+    segment = plog.segments[0].path
+    for seg in plog.segments:
+        seg.abandon()
+    os.truncate(segment, 0)  # what the power cut left of the unfsynced records
+    again = open_log(tmp_path)
+    assert (again.log_start_offset, again.log_end_offset, again.recovery_point) == (10, 10, 10)
+    assert not again.producer_state.producers
+    assert again.append(batch(1)).base_offset == 10
+    assert read_all(again) == [10]
+    again.close()
+    third = open_log(tmp_path)  # and it stays so
+    assert (third.log_start_offset, third.log_end_offset) == (10, 11) and read_all(third) == [10]

@@ -86,6 +86,47 @@ def test_retention_by_size_and_time_moves_log_start(tmp_path: Path) -> None:
     assert reopened.log_start_offset == plog2.log_start_offset
 
 
+def test_time_retention_of_records_without_a_timestamp_falls_back_to_the_file_time(tmp_path: Path) -> None:
+    """Records sent with no timestamp (-1, which Kafka and oncelog accept) left their segment without
+    one, and time retention waited for it for ever, holding back every later segment too (a probe:
+    nothing deleted ten days past a 7-day retention). Kafka's largestTimestamp falls back to the
+    segment file's mtime."""
+    import os
+
+    clock = ManualClock(now_ms=10_000_000_000)
+    plog = open_log(tmp_path, clock, segment_bytes=300, retention_ms=7 * 86_400_000)
+    for _ in range(3):
+        plog.append(batch(1, size=100, ts=-1))
+    for _ in range(3):
+        plog.append(batch(1, size=100, ts=clock.now_ms()))
+    assert plog.segments[0].max_timestamp == -1 and len(plog.segments) >= 4
+    clock.advance(10 * 86_400_000)
+    assert plog.apply_retention(clock.now_ms()) == 0, "the files are new: nothing is old enough"
+    for seg in plog.segments:
+        os.utime(seg.path, (0, 0))  # untouched for ages
+    before = len(plog.segments)
+    assert plog.apply_retention(clock.now_ms()) == before - 1  # all but the active segment
+    assert plog.log_start_offset == plog.segments[0].base_offset > 0
+
+
+def test_log_append_time_is_what_producer_expiry_and_a_duplicate_answer_see(tmp_path: Path) -> None:
+    """On a LogAppendTime topic the producer state kept the client's CreateTime: an idempotent
+    producer replaying records made two days ago was expired at the next tick, and the retry of its
+    acknowledged batch was written twice (a probe). Kafka analyses the batches as stamped. A
+    duplicate is answered with the original batch's timestamp as its log append time, as Kafka's."""
+    clock = ManualClock(now_ms=10_000_000_000)
+    plog = PartitionLog(tmp_path, "t", 0, LogConfig(message_timestamp_type="LogAppendTime"), clock)
+    old = clock.now_ms() - 2 * 86_400_000
+    for seq in range(3):
+        plog.append(batch(1, pid=7, epoch=0, seq=seq, ts=old))
+    stamped = clock.now_ms()
+    clock.advance(61_000)
+    assert plog.remove_expired_producers(clock.now_ms(), 86_400_000) == 0
+    retry = plog.append(batch(1, pid=7, epoch=0, seq=2, ts=old))
+    assert retry.duplicate and (retry.base_offset, retry.log_append_time_ms) == (2, stamped)
+    assert plog.log_end_offset == 3
+
+
 def test_oversized_batch_is_refused_without_writing(tmp_path: Path) -> None:
     plog = open_log(tmp_path, max_message_bytes=500)
     with pytest.raises(RecordTooLargeError):

@@ -391,6 +391,9 @@ class PartitionLog:
             seg.txn_index.truncate_to_offset(seg.next_offset)
         saved_start = _read_int_file(self.directory / LOG_START_FILE)
         self.log_start_offset = max(self.segments[0].base_offset, saved_start or 0)
+        if self.log_start_offset > self.log_end_offset:
+            self._start_empty_at(self.log_start_offset, now)
+            return
         self.recovery_point = min(max(recovery_point, self.segments[0].base_offset), self.log_end_offset)
         if self.snapshot_offset is not None and self.snapshot_offset == self.log_end_offset:
             self._snapshot_mark = (self.active.base_offset, self.active.size, self.log_end_offset, now)
@@ -398,6 +401,28 @@ class PartitionLog:
             log.info("%s: recovered %d unflushed batch(es) above the recovery point %d, replayed the producer "
                      "state of %d below it; log end offset %d", self.name, scanned_batches, self.recovery_point,
                      replayed_batches, self.log_end_offset)
+
+    def _start_empty_at(self, start: int, now: int) -> None:
+        """The log start lies past the recovered log end: DeleteRecords (or retention) made its new
+        start durable, then the power went before the records below it were fsynced, so the data
+        ends below its start. Appends would get offsets below the log start, which no fetch can
+        reach. As Kafka's ``deleteSegmentsIfLogStartGreaterThanLogEnd``: every segment goes (all of
+        it lies below the start), the log starts again empty at its start, and the producer state
+        starts empty there (``truncateFullyAndStartAt``)."""
+        log.warning("%s: the log start offset %d lies past the recovered log end %d (the records below it "
+                    "were not fsynced before the broker stopped): the log starts again, empty, at %d",
+                    self.name, start, self.log_end_offset, start)
+        for seg in self.segments:
+            seg.delete()
+        self.segments = [LogSegment(self.directory, start, now, self.config.index_interval_bytes)]
+        self._segments_replaced += 1
+        fileio.fs.unlink(self.directory / SNAPSHOT_FILE)
+        fileio.fs.fsync_dir(self.directory)
+        self.producer_state = ProducerStateManager()
+        self.snapshot_offset = None
+        self.epochs.truncate_from_start(start)
+        self.log_start_offset = self.recovery_point = start
+        self._snapshot_mark = (start, 0, start, now)
 
     def _recover_from_start(self, i: int, recovery_point: int) -> tuple[list[tuple[int, rb.BatchHeader]], int]:
         """Recover ``segments[i]``, the segment holding ``recovery_point``, whose data does not reach
@@ -541,8 +566,11 @@ class PartitionLog:
         if needs_producer_state:
             plan = self.producer_state.prepare(headers, origin, controls)
             if plan.duplicate is not None:
-                first, last = plan.duplicate
-                return AppendResult(first, last, -1, self.log_start_offset, duplicate=True)
+                # Kafka answers a duplicate with the original batch's offsets and its timestamp as
+                # the log append time.
+                dup = plan.duplicate
+                return AppendResult(dup.first_offset, dup.last_offset, dup.timestamp, self.log_start_offset,
+                                    duplicate=True)
         refusable = origin is AppendOrigin.CLIENT or bounded  # refused for want of room, never fatal
         if refusable and (refused := self.dir_state.client_write_refused(self.directory, len(records))) is not None:
             raise DiskFullError(f"{self.name}: {refused}")
@@ -574,7 +602,8 @@ class PartitionLog:
                 raise self.dir_state.fail(self.name, exc) from exc
             raise
         if plan is not None:
-            for done in self.producer_state.complete(plan, base_offsets):
+            written = [h for _, h in placed] if log_append_time else None
+            for done in self.producer_state.complete(plan, base_offsets, written):
                 if done.is_aborted:
                     seg.txn_index.append(AbortedTxn(done.producer_id, done.first_offset, done.last_offset,
                                                     lso_before))
@@ -1000,8 +1029,11 @@ class PartitionLog:
         while len(self.segments) > 1:
             oldest = self.segments[0]
             largest = oldest.max_timestamp
-            if oldest.size == 0 and largest < 0:
-                largest = oldest.last_modified_ms()  # emptied by the cleaner: Kafka falls back to mtime too
+            if largest < 0:
+                # No record of it has a timestamp (emptied by the cleaner, records sent with -1, a
+                # time index lost to a power cut): Kafka's largestTimestamp falls back to the mtime.
+                # Waiting for a timestamp instead held back retention of the whole partition for good.
+                largest = oldest.last_modified_ms()
             too_old = cfg.retention_ms >= 0 and largest >= 0 and now_ms - largest > cfg.retention_ms
             too_big = cfg.retention_bytes >= 0 and self.size_in_bytes - oldest.size >= cfg.retention_bytes
             if not (too_old or too_big):

@@ -93,7 +93,7 @@ class CompletedTxn:
 class AppendPlan:
     """What ``complete`` will apply; ``duplicate`` is set when the append must be skipped."""
 
-    duplicate: tuple[int, int] | None = None
+    duplicate: BatchMetadata | None = None
     steps: list[tuple[int, rb.BatchHeader, rb.ControlMarker | None]] = field(default_factory=list)
 
 
@@ -256,7 +256,7 @@ class ProducerStateManager:
                     control is None and origin is AppendOrigin.CLIENT:
                 for b in entry.batches:
                     if b.first_seq == header.base_sequence and b.last_seq == header.last_sequence:
-                        plan.duplicate = (b.first_offset, b.last_offset)
+                        plan.duplicate = b
                         return plan
             self._apply_to(entry, header, control, first_offset=None)
             plan.steps.append((pid, header, control))
@@ -276,7 +276,7 @@ class ProducerStateManager:
             first_seq, last_seq = header.base_sequence, header.last_sequence
             for b in entry.batches:
                 if b.first_seq == first_seq and b.last_seq == last_seq:
-                    plan.duplicate = (b.first_offset, b.last_offset)
+                    plan.duplicate = b
                     plan.steps = []
                     return plan
         return plan
@@ -353,13 +353,21 @@ class ProducerStateManager:
                                                first_offset + header.last_offset_delta, header.max_timestamp))
         return None
 
-    def complete(self, plan: AppendPlan, base_offsets: list[int]) -> list[CompletedTxn]:
-        """Apply a plan whose batches were written at ``base_offsets``; return finished transactions."""
+    def complete(self, plan: AppendPlan, base_offsets: list[int],
+                 written: list[rb.BatchHeader] | None = None) -> list[CompletedTxn]:
+        """Apply a plan whose batches were written at ``base_offsets``; return finished transactions.
+
+        ``written`` are the batches' headers as written, when the log changed them (LogAppendTime
+        stamps the broker's time): the state keeps those timestamps, as Kafka's, which analyses the
+        validated records. The client's (a replay's CreateTime of days ago) made producer expiry
+        drop a producer the moment it wrote, and a retry of its acknowledged batch was written twice."""
         completed: list[CompletedTxn] = []
         bound = self.bound
-        for (pid, header, control), base in zip(plan.steps, base_offsets, strict=True):
+        for i, ((pid, header, control), base) in enumerate(zip(plan.steps, base_offsets, strict=True)):
             if pid < 0:
                 continue
+            if written is not None:
+                header = written[i]
             entry = self.producers.get(pid)
             if entry is None:  # (``prepare`` checked the batch against an evicted entry's epoch)
                 entry = self.producers[pid] = ProducerStateEntry(pid)
