@@ -74,6 +74,8 @@ class RingGroupCommit(GroupCommit):
 
     _open_sync_ring = Broker._open_sync_ring
     _ring_completed = Broker._ring_completed
+    _watch_ring = Broker._watch_ring
+    _ring_watched = Broker._ring_watched
     _close_sync_ring = Broker._close_sync_ring
 
     def __init__(self) -> None:
@@ -81,6 +83,7 @@ class RingGroupCommit(GroupCommit):
         self._wanted: dict[str, Any] = {}
         self._fsyncs_scheduled = False
         self._sync_ring: FsyncRing | None = None  # type: ignore[assignment]
+        self._ring_watch: asyncio.TimerHandle | None = None
         self._sync_executor = None  # type: ignore[assignment]
         self.failed: list[BaseException] = []
 
@@ -204,3 +207,68 @@ def test_a_transaction_over_hundreds_of_segments_commits(broker: Any) -> None:
     p.commit_transaction(30)
     assert len(list((broker.data_dir / "tiny-0").glob("*.log"))) > 300
     assert [v for _k, v in read_topic(broker.bootstrap, "tiny")] == [b"v%d" % i for i in range(400)]
+
+
+def test_jobs_end_even_when_the_rings_eventfd_stays_quiet(tmp_path: Path) -> None:
+    """A kernel may hold finished fsyncs in this thread's task work until it enters the ring, and
+    signal the eventfd only then (seen on Linux 6.18 under load: 6 entries done, none posted for
+    60 s; every answer waiting for them waited). The broker looks at the ring every RING_WATCH_S
+    while it has jobs, and ``completed`` enters the ring first. Here the eventfd is not watched at
+    all: every waiter must still return."""
+    rng = random.Random(3)
+    logs = [RingLog(tmp_path, f"quiet{i}", rng) for i in range(3)]
+    gc = RingGroupCommit()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        gc._open_sync_ring(loop)
+        assert gc._sync_ring is not None
+        loop.remove_reader(gc._sync_ring.fileno)
+
+        async def producer() -> None:
+            for _ in range(10):
+                plog = logs[rng.randrange(3)]
+                await gc.durable(plog, plog.append())
+
+        await asyncio.wait_for(asyncio.gather(*(producer() for _ in range(5))), 20)
+        assert gc._ring_watch is None or gc._sync_ring.in_flight == 0
+        gc._close_sync_ring()
+
+    asyncio.run(main())
+    assert all(plog.synced_end == plog.log_end for plog in logs) and gc.failed == []
+    for plog in logs:
+        os.close(plog.fd)
+
+
+def test_completed_asks_the_kernel_to_post_finished_entries_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``completed`` with entries in flight enters the ring with GETEVENTS (no wait) before reading
+    the completion queue: what makes a kernel post completions it held in task work."""
+    from oncelog.storage import fsync_ring
+
+    ring = FsyncRing(entries=8)
+    (fd,) = [os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o644)]
+    entered: list[tuple[object, ...]] = []
+    real = fsync_ring._syscall
+
+    def recording(*args: object) -> int:
+        entered.append(args)
+        return real(*args)
+
+    try:
+        done: list[OSError | None] = []
+        ring.fsync([fd], done.append)
+        ring.submit()
+        monkeypatch.setattr(fsync_ring, "_syscall", recording)
+        while not done:
+            ring.completed()
+        getevents = [a for a in entered if a[0] == fsync_ring.SYS_IO_URING_ENTER
+                     and a[4] == fsync_ring.IORING_ENTER_GETEVENTS and a[3] == 0]
+        assert getevents, entered
+        assert done == [None]
+        entered.clear()
+        ring.completed()  # nothing in flight: no system call
+        assert entered == []
+    finally:
+        ring.close()
+        os.close(fd)

@@ -91,6 +91,7 @@ def _fsync_and_close(fds: list[int | Path]) -> None:
 LOCK_FILE = ".lock"
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 SYNC_THREADS = 4  # fsyncs of different logs at once: a transaction step waits for the slowest, not the sum
+RING_WATCH_S = 0.05  # how often the io_uring is looked at while it has jobs (``Broker._watch_ring``)
 SYNC_BEHIND_BYTES = 256 << 10  # sync_behind: a transactional partition fsynced every this many bytes
 
 
@@ -138,6 +139,7 @@ class Broker:
         self._sync_executor = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="oncelog-sync")
         # Or, once started where the kernel allows it, an io_uring in their place (``start``).
         self._sync_ring: FsyncRing | None = None
+        self._ring_watch: asyncio.TimerHandle | None = None  # ``_watch_ring``'s timer, while jobs are in flight
         # And one that reads log pages a fetch needs into the page cache (``read_into_cache``).
         self._read_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-read")
         # Group commit (``durable``): the logs whose fsync runs now (each with its planned end and the
@@ -251,6 +253,21 @@ class Broker:
         except Exception:  # a callback's failure must not stop the reader: every other job still ends
             log.exception("an fsync completion failed")
 
+    def _watch_ring(self, ring: FsyncRing) -> None:
+        """While the ring has jobs, look at it every RING_WATCH_S even if its eventfd stays quiet: a
+        kernel may hold finished fsyncs until the thread enters the ring (``FsyncRing.completed``),
+        and every answer waiting for them would wait for ever (seen: 60 s, under load)."""
+        if self._ring_watch is None and ring.in_flight:
+            self._ring_watch = asyncio.get_running_loop().call_later(RING_WATCH_S, self._ring_watched, ring)
+
+    def _ring_watched(self, ring: FsyncRing) -> None:
+        self._ring_watch = None
+        if ring is not self._sync_ring:
+            return  # closed since
+        if ring.in_flight:
+            self._ring_completed(ring)
+        self._watch_ring(ring)
+
     @property
     def bound_port(self) -> int:
         assert self._server is not None
@@ -295,6 +312,9 @@ class Broker:
         ring, self._sync_ring = self._sync_ring, None
         if ring is None:
             return
+        if self._ring_watch is not None:
+            self._ring_watch.cancel()
+            self._ring_watch = None
         try:
             asyncio.get_running_loop().remove_reader(ring.fileno)
         except RuntimeError:
@@ -495,6 +515,7 @@ class Broker:
             except OSError as exc:  # not a disk's answer: the ring itself is broken
                 log.exception("io_uring submission failed")
                 self.storage_failed(fileio.StorageOfflineError(f"fsync submission failed: {exc}"))
+            self._watch_ring(ring)
 
     def _ring_synced(self, plog: Any, end: int, fut: asyncio.Future[None], fds: list[int],
                      error: OSError | None) -> None:
