@@ -225,3 +225,18 @@ def test_sqlite_paths_follow_sqlalchemy(tmp_path: Path, monkeypatch: pytest.Monk
     where = re.escape(f"cannot open the SQLite database {tmp_path}/no/such/dir/x.db")
     with pytest.raises(sqlite3.OperationalError, match=where):
         missing.apply([{"k": 1}], 0)
+
+
+def test_postgres_names_longer_than_63_bytes_are_refused(tmp_path: Path) -> None:
+    """PostgreSQL truncates identifiers to 63 bytes: two long table names were one table."""
+    url = "postgresql://u@127.0.0.1:1/db"  # refused before any connection
+    assert database_sink(url, "t" * 63, "q")
+    assert database_sink(url, "s" * 63 + "." + "t" * 63, "q")
+    for table, keys in (("t" * 63 + "_alpha", ["k"]), ("s" * 64 + ".t", ["k"]), ("é" * 32, ["k"]),
+                        ("t", ["k" * 64])):
+        with pytest.raises(ValueError, match="truncates names to 63 bytes"):
+            database_sink(url, table, "q", key_columns=keys)
+    with pytest.raises(ValueError, match="truncates names to 63 bytes"):
+        database_sink(url, "t", "q", key_columns=["k"]).apply([{"k": 1, "v" * 64: 2}], 0)
+    assert database_sink(str(tmp_path / "db.sqlite"), "t" * 100, "q", key_columns=["k"]).apply([{"k": 1}], 0), \
+        "SQLite has no such limit"

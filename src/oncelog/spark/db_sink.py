@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 KAFKA_COORDINATES = ("topic", "partition", "offset")
 MARKERS = "oncelog_sink_batches"
+PG_MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: longer names are truncated
 
 log = logging.getLogger("oncelog.spark")
 
@@ -49,11 +50,14 @@ class UpsertSink:
         if not self.key_columns:
             raise ValueError("at least one key column is needed")
         self._check_table_name(table)
-        if not all(c.isidentifier() for c in self.key_columns):
-            raise ValueError("table and key column names must be plain identifiers")
+        self._check_column_names(self.key_columns)
 
     def _check_table_name(self, table: str) -> None:
         if not table.isidentifier():
+            raise ValueError("table and key column names must be plain identifiers")
+
+    def _check_column_names(self, names: Sequence[str]) -> None:
+        if not all(c.isidentifier() for c in names):
             raise ValueError("table and key column names must be plain identifiers")
 
     def __call__(self, df: Any, batch_id: int) -> None:
@@ -98,6 +102,7 @@ class UpsertSink:
             raise ValueError(f"rows lack key columns {missing}")
         if not all(c.isidentifier() for c in cols):
             raise ValueError("column names must be plain identifiers")
+        self._check_column_names(cols)
         if any(list(r) != cols for r in rows):
             raise ValueError("all rows of a batch must have the same columns")
         return cols
@@ -222,14 +227,24 @@ class PostgresUpsertSink(UpsertSink):
         if len(parts) > 2 or not all(p.isidentifier() for p in parts):
             raise ValueError(f"table {table!r}: a PostgreSQL table name must be a plain identifier or "
                              "schema.table (each part one)")
+        self._check_column_names(parts)
+
+    def _check_column_names(self, names: Sequence[str]) -> None:
+        super()._check_column_names(names)
+        long = [n for n in names if len(n.encode()) > PG_MAX_IDENTIFIER_BYTES]
+        if long:
+            raise ValueError(
+                f"{long}: PostgreSQL truncates names to {PG_MAX_IDENTIFIER_BYTES} bytes, so names that differ only "
+                "after that would be one table or column; use shorter names")
 
     def apply(self, rows: list[dict[str, Any]], batch_id: int) -> bool:
         import psycopg
         from psycopg import sql
 
+        cols = self._columns(rows) if rows else []  # checked before connecting
         markers, target = _pg_ident(self.markers), _pg_ident(self.table)
         with psycopg.connect(self.url) as conn:  # one transaction; committed on success, rolled back on error
-            self._create_tables(conn, rows)  # its own transaction, committed
+            self._create_tables(conn, rows, cols)  # its own transaction, committed
             cur = conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING").format(markers),
                                (self.table, self.query_id, batch_id, len(rows)))
             seen = None
@@ -250,7 +265,6 @@ class PostgresUpsertSink(UpsertSink):
                 conn.rollback()
                 return False
             if rows:
-                cols = self._columns(rows)
                 ident = [sql.Identifier(c) for c in cols]
                 keys = sql.SQL(", ").join(sql.Identifier(c) for c in self.key_columns)
                 self._check_null_keys(conn, rows)
@@ -273,7 +287,7 @@ class PostgresUpsertSink(UpsertSink):
             conn.commit()
             return True
 
-    def _create_tables(self, conn: Any, rows: list[dict[str, Any]]) -> None:
+    def _create_tables(self, conn: Any, rows: list[dict[str, Any]], cols: list[str]) -> None:
         """Creates the markers table and (for a batch with rows) the target table when the catalog
         lacks them, in a transaction of their own (a failed batch keeps them), under an advisory
         lock per table: PostgreSQL does not serialise concurrent ``CREATE TABLE IF NOT EXISTS`` of
@@ -292,7 +306,6 @@ class PostgresUpsertSink(UpsertSink):
                                  "rows bigint, PRIMARY KEY (target, query_id, batch_id))").format(
                                      _pg_ident(self.markers)))
         if rows and not have_table:
-            cols = self._columns(rows)
             col_defs = sql.SQL(", ").join(
                 sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(_pg_type(rows, c))) for c in cols)
             unique = "UNIQUE NULLS NOT DISTINCT" if conn.info.server_version >= 150000 else "PRIMARY KEY"
