@@ -146,7 +146,7 @@ def test_first_batches_racing_on_postgres_create_table(postgres_server: Postgres
         assert query(url, "SELECT COUNT(*) FROM oncelog_sink_batches") == [(4,)]
 
 
-def test_a_least_privilege_postgres_role(postgres_url: str) -> None:
+def test_a_least_privilege_postgres_role(postgres_url: str, caplog: pytest.LogCaptureFixture) -> None:
     """A role with DML on tables created beforehand and no CREATE on the schema (PostgreSQL 15's
     default on public): every batch used to run CREATE TABLE IF NOT EXISTS and was refused."""
     import psycopg
@@ -165,6 +165,12 @@ def test_a_least_privilege_postgres_role(postgres_url: str) -> None:
     assert sink.apply([{"account": "a", "total": 2}], 1)
     assert not sink.apply([{"account": "a", "total": 2}], 1)
     assert query(postgres_url, "SELECT account, total FROM totals") == [("a", 2)]
+    assert query(postgres_url, "SELECT COUNT(*) FROM oncelog_sink_batches") == [(2,)]
+    with caplog.at_level(logging.WARNING, logger="oncelog.spark"):  # no DELETE granted: markers kept
+        assert database_sink(url, "totals", "q", key_columns=["account"], retain_batches=1).apply(
+            [{"account": "a", "total": 3}], 2)
+    assert "no DELETE privilege" in caplog.text
+    assert query(postgres_url, "SELECT COUNT(*) FROM oncelog_sink_batches") == [(3,)]
     with pytest.raises(psycopg.errors.InsufficientPrivilege):  # a missing table still needs CREATE
         database_sink(url, "other", "q", key_columns=["account"]).apply([{"account": "a"}], 0)
 
@@ -240,3 +246,22 @@ def test_postgres_names_longer_than_63_bytes_are_refused(tmp_path: Path) -> None
         database_sink(url, "t", "q", key_columns=["k"]).apply([{"k": 1, "v" * 64: 2}], 0)
     assert database_sink(str(tmp_path / "db.sqlite"), "t" * 100, "q", key_columns=["k"]).apply([{"k": 1}], 0), \
         "SQLite has no such limit"
+
+
+def test_markers_are_pruned_and_the_later_batch_check_still_holds(db_url: str) -> None:
+    """One marker per batch per sink was kept for ever; now those older than the newest
+    ``retain_batches`` go in the batch's transaction, and the newest still stops a reused query id."""
+    sink = database_sink(db_url, "t", "q", key_columns=["k"], retain_batches=3)
+    other = database_sink(db_url, "t", "other", key_columns=["k"], retain_batches=3)
+    for b in range(10):
+        assert sink.apply([{"k": "a", "v": b}], b)
+    assert other.apply([{"k": "b", "v": 0}], 0)
+    assert query(db_url, "SELECT query_id, batch_id FROM oncelog_sink_batches ORDER BY 1, 2") == \
+        [("other", 0), ("q", 7), ("q", 8), ("q", 9)], "only this sink's older markers go"
+    assert not sink.apply([{"k": "a", "v": 99}], 9), "the replay of the newest batch is still skipped"
+    with pytest.raises(RuntimeError, match="batch 9 is already applied while Spark writes batch 0"):
+        sink.apply([{"k": "a", "v": 99}], 0)
+    with pytest.raises(RuntimeError, match="batch 9 is already applied while Spark writes batch 8"):
+        sink.apply([{"k": "a", "v": 99}], 8)
+    with pytest.raises(ValueError, match="retain_batches"):
+        database_sink(db_url, "t", "q", retain_batches=0)

@@ -15,6 +15,11 @@ Invariants, for SQLite and PostgreSQL alike:
 - A marker of a *later* batch means a rewound checkpoint or a reused query id: the batch fails,
   unless ``fail_on_higher_committed_batch=False`` (then it is skipped with a warning).
 - A failure rolls the whole batch back: a batch is applied entirely or not at all.
+- Applying batch N deletes the sink's markers of batches up to ``N - retain_batches`` (default 100,
+  as Spark's ``spark.sql.streaming.minBatchesToRetain``) in the same transaction, so the markers
+  table does not grow by a row per batch for ever: replays only ever concern the newest batch, and
+  the newest marker, which the later-batch check needs, is always kept. (PostgreSQL: only when the
+  role may DELETE from the markers table; otherwise a warning, once.)
 
 The sinks run on the driver: the batch is collected, which suits the small, aggregated outputs
 (update-mode state) they are meant for.
@@ -33,6 +38,7 @@ from urllib.parse import urlsplit
 
 KAFKA_COORDINATES = ("topic", "partition", "offset")
 MARKERS = "oncelog_sink_batches"
+RETAIN_BATCHES = 100  # as Spark's spark.sql.streaming.minBatchesToRetain
 PG_MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: longer names are truncated
 
 log = logging.getLogger("oncelog.spark")
@@ -42,11 +48,14 @@ class UpsertSink:
     """Common part: checks names, turns a DataFrame into rows, calls :meth:`apply`."""
 
     def __init__(self, table: str, query_id: str, key_columns: Sequence[str] = KAFKA_COORDINATES,
-                 fail_on_higher_committed_batch: bool = True) -> None:
+                 fail_on_higher_committed_batch: bool = True, retain_batches: int = RETAIN_BATCHES) -> None:
         self.table = table
         self.query_id = query_id
         self.key_columns = list(key_columns)
         self.fail_on_higher_committed_batch = fail_on_higher_committed_batch
+        if retain_batches < 1:
+            raise ValueError("retain_batches must be at least 1 (the newest batch's marker is always kept)")
+        self.retain_batches = retain_batches
         if not self.key_columns:
             raise ValueError("at least one key column is needed")
         self._check_table_name(table)
@@ -121,8 +130,9 @@ class SqliteUpsertSink(UpsertSink):
     """
 
     def __init__(self, path: str | Path, table: str, query_id: str,
-                 key_columns: Sequence[str] = KAFKA_COORDINATES, fail_on_higher_committed_batch: bool = True) -> None:
-        super().__init__(table, query_id, key_columns, fail_on_higher_committed_batch)
+                 key_columns: Sequence[str] = KAFKA_COORDINATES, fail_on_higher_committed_batch: bool = True,
+                 retain_batches: int = RETAIN_BATCHES) -> None:
+        super().__init__(table, query_id, key_columns, fail_on_higher_committed_batch, retain_batches)
         if str(path) in ("", ":memory:"):
             raise ValueError(
                 f"SQLite database {str(path)!r} is a new, empty in-memory database for every batch: its markers "
@@ -161,6 +171,8 @@ class SqliteUpsertSink(UpsertSink):
                     f"ON CONFLICT ({key}) {conflict}",
                     [tuple(_plain_value(r.get(c)) for c in cols) for r in rows])
             conn.execute(f"INSERT INTO {MARKERS} VALUES (?, ?, ?, ?)", (self.table, self.query_id, batch_id, len(rows)))
+            conn.execute(f"DELETE FROM {MARKERS} WHERE target = ? AND query_id = ? AND batch_id <= ?",
+                         (self.table, self.query_id, batch_id - self.retain_batches))
             conn.execute("COMMIT")
             return True
         except BaseException:
@@ -214,13 +226,15 @@ class PostgresUpsertSink(UpsertSink):
     """
 
     def __init__(self, url: str, table: str, query_id: str,
-                 key_columns: Sequence[str] = KAFKA_COORDINATES, fail_on_higher_committed_batch: bool = True) -> None:
-        super().__init__(table, query_id, key_columns, fail_on_higher_committed_batch)
+                 key_columns: Sequence[str] = KAFKA_COORDINATES, fail_on_higher_committed_batch: bool = True,
+                 retain_batches: int = RETAIN_BATCHES) -> None:
+        super().__init__(table, query_id, key_columns, fail_on_higher_committed_batch, retain_batches)
         self.url = url
         if "\x00" in query_id:
             raise ValueError("a PostgreSQL sink's query id cannot hold a NUL character (text cannot store it)")
         self.schema = table.rpartition(".")[0]  # "" when unqualified
         self.markers = f"{self.schema}.{MARKERS}" if self.schema else MARKERS
+        self._warned_no_prune = False
 
     def _check_table_name(self, table: str) -> None:
         parts = table.split(".")
@@ -244,7 +258,7 @@ class PostgresUpsertSink(UpsertSink):
         cols = self._columns(rows) if rows else []  # checked before connecting
         markers, target = _pg_ident(self.markers), _pg_ident(self.table)
         with psycopg.connect(self.url) as conn:  # one transaction; committed on success, rolled back on error
-            self._create_tables(conn, rows, cols)  # its own transaction, committed
+            can_prune = self._create_tables(conn, rows, cols)  # its own transaction, committed
             cur = conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING").format(markers),
                                (self.table, self.query_id, batch_id, len(rows)))
             seen = None
@@ -284,21 +298,30 @@ class PostgresUpsertSink(UpsertSink):
                 except psycopg.DataError as e:
                     self._explain_nul(rows, cols, e)
                     raise
+            if can_prune:
+                conn.execute(sql.SQL("DELETE FROM {} WHERE target = %s AND query_id = %s AND batch_id <= %s").format(
+                    markers), (self.table, self.query_id, batch_id - self.retain_batches))
+            elif not self._warned_no_prune:
+                self._warned_no_prune = True
+                log.warning("database sink %r: no DELETE privilege on %s, so its markers of query %r are not pruned "
+                            "(one row per batch is kept for ever)", self.table, self.markers, self.query_id)
             conn.commit()
             return True
 
-    def _create_tables(self, conn: Any, rows: list[dict[str, Any]], cols: list[str]) -> None:
+    def _create_tables(self, conn: Any, rows: list[dict[str, Any]], cols: list[str]) -> bool:
         """Creates the markers table and (for a batch with rows) the target table when the catalog
         lacks them, in a transaction of their own (a failed batch keeps them), under an advisory
         lock per table: PostgreSQL does not serialise concurrent ``CREATE TABLE IF NOT EXISTS`` of
         one name (the loser fails with a UniqueViolation on pg_type or DuplicateObject), so the
         first batches of queries starting together failed; behind the lock the loser sees the
-        winner's table."""
+        winner's table. True if this role may delete old markers."""
         from psycopg import sql
 
-        current, have_markers, have_table = conn.execute(
-            "SELECT current_schema(), to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
-            (_pg_regclass_name(self.markers), _pg_regclass_name(self.table))).fetchone()
+        current, have_markers, have_table, can_delete = conn.execute(
+            "SELECT current_schema(), to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL, "
+            "has_table_privilege(to_regclass(%s), 'DELETE')",
+            (_pg_regclass_name(self.markers), _pg_regclass_name(self.table), _pg_regclass_name(self.markers))
+        ).fetchone()
         schema = self.schema or current or ""
         if not have_markers:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ddl_lock_key(f"{schema}.{MARKERS}"),))
@@ -315,6 +338,7 @@ class PostgresUpsertSink(UpsertSink):
                 _pg_ident(self.table), col_defs, sql.SQL(unique),
                 sql.SQL(", ").join(sql.Identifier(c) for c in self.key_columns)))
         conn.commit()
+        return can_delete is not False  # None: the markers table is new, this role owns it
 
     def _explain_nul(self, rows: list[dict[str, Any]], cols: list[str], error: Exception) -> None:
         """PostgreSQL text cannot hold the NUL character, which a Kafka value cast to a string may
@@ -393,7 +417,7 @@ def _pg_type(rows: list[dict[str, Any]], col: str) -> str:
 
 
 def database_sink(url: str, table: str, query_id: str, key_columns: Sequence[str] = KAFKA_COORDINATES,
-                  fail_on_higher_committed_batch: bool = True) -> UpsertSink:
+                  fail_on_higher_committed_batch: bool = True, retain_batches: int = RETAIN_BATCHES) -> UpsertSink:
     """A sink for ``url``: ``sqlite:///path`` (or a bare path) or ``postgresql://…`` / ``postgres://…``.
 
     As in SQLAlchemy, ``sqlite:///name`` is the path ``name`` relative to the working directory
@@ -407,10 +431,10 @@ def database_sink(url: str, table: str, query_id: str, key_columns: Sequence[str
     scheme = urlsplit(url).scheme if "://" in url else ""
     strict = fail_on_higher_committed_batch
     if scheme in ("postgresql", "postgres"):
-        return PostgresUpsertSink(url, table, query_id, key_columns, strict)
+        return PostgresUpsertSink(url, table, query_id, key_columns, strict, retain_batches)
     if scheme == "sqlite":
         return SqliteUpsertSink(url[len("sqlite:///"):] if url.startswith("sqlite:///") else url[len("sqlite://"):],
-                                table, query_id, key_columns, strict)
+                                table, query_id, key_columns, strict, retain_batches)
     if scheme:
         raise ValueError(f"unsupported database URL scheme {scheme!r}: use sqlite:///path or postgresql://…")
-    return SqliteUpsertSink(url, table, query_id, key_columns, strict)
+    return SqliteUpsertSink(url, table, query_id, key_columns, strict, retain_batches)
