@@ -130,3 +130,63 @@ def test_kafka_python_compressed_batches_pass(broker: BrokerProcess, codec: str)
         f.get(timeout=10)
     p.close()
     assert len(consume_all(broker.bootstrap, "kp", 1, 500)) == 500
+
+
+def _first_header(b: InProcessBroker) -> Any:
+    from oncelog.protocol import records as rb
+
+    part = b.fetch(T, 0, 0, read_committed=False)
+    data = bytes(part.records or b"")
+    header = rb.read_header(data, 0)
+    rb.split_batches(data, from_client=True)  # the CRC still holds
+    return header
+
+
+@pytest.mark.parametrize("claimed", [-1, 1], ids=["sarama-minus-one", "epoch-start"])
+def test_a_create_time_batch_whose_max_timestamp_lies_below_its_records_is_set_right(
+        b: InProcessBroker, claimed: int) -> None:
+    """Sarama before 1.45 sent max_timestamp -1: segments and the time index took the header's
+    value, so retention never deleted such records and ListOffsets by time skipped them (a probe).
+    Kafka's LogValidator sets every batch's max from its records; so do we, where it is below the
+    first record's."""
+    from oncelog.protocol import records as rb
+
+    now = b.clock.now_ms()
+    recs = [rb.encode_record(i, i, b"k", b"v%d" % i) for i in range(3)]
+    assert produce(b, rb.build_batch(recs, base_timestamp=now, max_timestamp=claimed)).error_code == 0
+    header = _first_header(b)
+    assert header.max_timestamp == now + 2 and not header.attributes & rb.ATTR_TIMESTAMP_TYPE
+    plog = b.broker.logs.get_partition(T, 0)
+    assert plog is not None and plog.active.max_timestamp == now + 2
+    assert plog.offset_for_timestamp(now - 1000) is not None
+
+
+def test_a_log_append_time_claim_on_a_create_time_topic_is_cleared(b: InProcessBroker) -> None:
+    """A client batch with the LogAppendTime bit on a CreateTime topic showed consumers a max
+    timestamp the client chose (past message.timestamp.after.max.ms). Kafka sets CreateTime and the
+    records' max."""
+    from oncelog.protocol import records as rb
+
+    now = b.clock.now_ms()
+    recs = [rb.encode_record(0, 0, b"k", b"v")]
+    lying = rb.build_batch(recs, base_timestamp=now, max_timestamp=now + 10**9, attributes=rb.ATTR_TIMESTAMP_TYPE)
+    assert produce(b, lying).error_code == 0
+    header = _first_header(b)
+    assert header.max_timestamp == now and not header.attributes & rb.ATTR_TIMESTAMP_TYPE
+
+
+def test_records_without_a_timestamp_pass_the_timestamp_bounds(tmp_path: Path) -> None:
+    """message.timestamp.before/after.max.ms check records that have a timestamp: -1 passes, as in
+    Kafka's validateTimestamp (it was INVALID_TIMESTAMP)."""
+    from oncelog.protocol import records as rb
+
+    broker = InProcessBroker(tmp_path / "d")
+    try:
+        broker.broker.logs.create_topic(T, 1, {"message.timestamp.before.max.ms": "1000"})
+        recs = [rb.encode_record(0, 0, b"k", b"v")]
+        assert produce(broker, rb.build_batch(recs, base_timestamp=-1, max_timestamp=-1)).error_code == 0
+        old = broker.clock.now_ms() - 5000
+        assert produce(broker, rb.build_batch(recs, base_timestamp=old, max_timestamp=old)).error_code == \
+            ErrorCode.invalid_timestamp
+    finally:
+        broker.close()

@@ -36,6 +36,7 @@ ATTR_COMPRESSION_MASK = 0x07
 ATTR_TIMESTAMP_TYPE = 0x08  # 1 = LogAppendTime
 ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
+NO_TIMESTAMP = -1  # a record or batch without a timestamp (Kafka's RecordBatch.NO_TIMESTAMP)
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
@@ -388,6 +389,15 @@ def set_log_append_time(buf: bytearray, pos: int, timestamp_ms: int) -> None:
     attrs = header.attributes | ATTR_TIMESTAMP_TYPE
     struct.pack_into(">h", buf, pos + 21, attrs)
     _I64.pack_into(buf, pos + 35, timestamp_ms)
+    crc = crc32c.crc32c(memoryview(buf)[pos + CRC_START : pos + header.size])
+    struct.pack_into(">I", buf, pos + 17, crc)
+
+
+def set_create_time(buf: bytearray, pos: int, max_timestamp_ms: int) -> None:
+    """Mark a batch CreateTime with ``max_timestamp_ms`` as its max timestamp; recomputes the CRC."""
+    header = read_header(buf, pos)
+    struct.pack_into(">h", buf, pos + 21, header.attributes & ~ATTR_TIMESTAMP_TYPE)
+    _I64.pack_into(buf, pos + 35, max_timestamp_ms)
     crc = crc32c.crc32c(memoryview(buf)[pos + CRC_START : pos + header.size])
     struct.pack_into(">I", buf, pos + 17, crc)
 

@@ -615,17 +615,23 @@ class PartitionLog:
                                  now: int) -> tuple[bytes | bytearray, list[tuple[int, rb.BatchHeader]]]:
         """What Kafka's LogValidator does with the topic's config: CreateTime records outside
         message.timestamp.before/after.max.ms are refused, and batches are recompressed to
-        compression.type unless it is ``producer`` or already theirs (then the bytes stay as sent)."""
+        compression.type unless it is ``producer`` or already theirs (then the bytes stay as sent).
+
+        On a CreateTime topic a batch's max timestamp must be its records' (``_create_time_headers``)."""
         cfg = self.config
         before, after = cfg.timestamp_before_max_ms, cfg.timestamp_after_max_ms
         if not cfg.log_append_time and (before < INT64_MAX or after < INT64_MAX):
             for pos, header in batches:
                 view = memoryview(records)[pos : pos + header.size]
                 for offset, ts in compression.record_timestamps(view, header):
+                    if ts == rb.NO_TIMESTAMP:
+                        continue  # Kafka's validateTimestamp checks only records that have one
                     if now - ts > before or ts - now > after:
                         raise InvalidTimestampError(
                             f"Timestamp {ts} of record {offset - header.base_offset} of the batch is out of range. "
                             f"The timestamp should be within [{now - before}, {now + after}]")
+        if not cfg.log_append_time:
+            records, batches = self._create_time_headers(records, batches)
         target = compression.BY_NAME.get(cfg.compression_type)
         if target is None or all(compression.codec_of(h) == target for _, h in batches):
             return records, batches
@@ -643,6 +649,32 @@ class PartitionLog:
             placed.append((len(out), rb.read_header(new)))
             out += new
         return out, placed
+
+    @staticmethod
+    def _create_time_headers(records: bytes | bytearray, batches: list[tuple[int, rb.BatchHeader]]
+                             ) -> tuple[bytes | bytearray, list[tuple[int, rb.BatchHeader]]]:
+        """A CreateTime topic keeps batches whose header is plausible as sent (the broker does not
+        read their records). One whose max timestamp lies below its first record's, or that claims
+        LogAppendTime, is set right from its records, as Kafka's LogValidator sets every batch's
+        (``setMaxTimestamp(CREATE_TIME, max)``): segments, the time index, retention and lookups by
+        time take the header's max. Seen: a client (Sarama before 1.45) sent -1 there, so retention
+        never deleted its records and ListOffsets by time skipped them; a LogAppendTime bit made
+        consumers see a max timestamp a client chose, past message.timestamp.after.max.ms.
+        A max above the records' own is not caught (that would mean reading every batch's records)."""
+        bad = [i for i, (_pos, h) in enumerate(batches)
+               if h.attributes & rb.ATTR_TIMESTAMP_TYPE or h.max_timestamp < h.base_timestamp]
+        if not bad:
+            return records, batches
+        buf = bytearray(records)
+        fixed = list(batches)
+        for i in bad:
+            pos, header = batches[i]
+            view = memoryview(buf)[pos : pos + header.size]
+            stamps = [ts for _off, ts in compression.record_timestamps(view, header)]
+            del view
+            rb.set_create_time(buf, pos, max(stamps, default=rb.NO_TIMESTAMP))
+            fixed[i] = (pos, rb.read_header(buf, pos))
+        return buf, fixed
 
     def _maybe_roll(self, now_ms: int, incoming: int, origin: AppendOrigin) -> None:
         """Roll before an append that the active segment should not take. A client's append that
