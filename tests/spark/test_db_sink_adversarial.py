@@ -265,3 +265,22 @@ def test_markers_are_pruned_and_the_later_batch_check_still_holds(db_url: str) -
         sink.apply([{"k": "a", "v": 99}], 8)
     with pytest.raises(ValueError, match="retain_batches"):
         database_sink(db_url, "t", "q", retain_batches=0)
+
+
+def test_one_target_written_twice_in_a_batch_is_warned_about(tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """Two writes of one batch into one table under one query id: the second is taken for a replay
+    (the documented rule: one write per table and query id per batch). The sink object that
+    committed the batch itself says so; another object (a restarted driver's replay) does not."""
+    url = str(tmp_path / "db.sqlite")
+    to_db = database_sink(url, "events", "q")
+    with caplog.at_level(logging.WARNING, logger="oncelog.spark"):
+        assert to_db.apply([{"topic": "A", "partition": 0, "offset": 0}], 0)
+        assert not to_db.apply([{"topic": "B", "partition": 0, "offset": 0}], 0)
+    assert "batch 0 was applied by this sink object in this process and is written again" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="oncelog.spark"):
+        assert not database_sink(url, "events", "q").apply([{"topic": "A", "partition": 0, "offset": 0}], 0)
+    assert caplog.text == ""
+    assert database_sink(url, "events", "q-b").apply([{"topic": "B", "partition": 0, "offset": 0}], 0), \
+        "a query id of its own per write: both are applied"

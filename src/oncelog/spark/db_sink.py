@@ -15,6 +15,13 @@ Invariants, for SQLite and PostgreSQL alike:
 - A marker of a *later* batch means a rewound checkpoint or a reused query id: the batch fails,
   unless ``fail_on_higher_committed_batch=False`` (then it is skipped with a warning).
 - A failure rolls the whole batch back: a batch is applied entirely or not at all.
+- **Rule: one write per sink identity (table, query id) per batch.** The marker cannot tell a
+  second write of batch N into the same table under the same query id (two DataFrames, or one sink
+  object called twice, in one ``foreachBatch`` function) from a replay of batch N: the second
+  write is skipped when its row count equals the first's, and fails as "not the same data"
+  otherwise. Union the DataFrames into one write, or give each write its own query id. A sink
+  object that committed batch N itself and is asked for N again logs a warning (it cannot refuse:
+  a query restarted in the same process after a failure later in the batch replays N genuinely).
 - Applying batch N deletes the sink's markers of batches up to ``N - retain_batches`` (default 100,
   as Spark's ``spark.sql.streaming.minBatchesToRetain``) in the same transaction, so the markers
   table does not grow by a row per batch for ever: replays only ever concern the newest batch, and
@@ -56,6 +63,7 @@ class UpsertSink:
         if retain_batches < 1:
             raise ValueError("retain_batches must be at least 1 (the newest batch's marker is always kept)")
         self.retain_batches = retain_batches
+        self._last_applied: int | None = None  # the batch this object last committed, for a warning
         if not self.key_columns:
             raise ValueError("at least one key column is needed")
         self._check_table_name(table)
@@ -96,6 +104,12 @@ class UpsertSink:
             log.warning("%s: batch %d already applied; skipping batch %d", where, higher, batch_id)
             return True
         if committed_rows is not None:
+            if batch_id == self._last_applied:
+                log.warning(
+                    "%s: batch %d was applied by this sink object in this process and is written again: a "
+                    "replay after a failure, or a second write of the batch into the same table under the same "
+                    "query id, which is skipped or refused as a replay (union the DataFrames into one write, or "
+                    "give each write its own query id)", where, batch_id)
             if committed_rows >= 0 and committed_rows != rows:
                 raise RuntimeError(
                     f"{where}: batch {batch_id} was applied with {committed_rows} rows but its replay has {rows}: "
@@ -174,6 +188,7 @@ class SqliteUpsertSink(UpsertSink):
             conn.execute(f"DELETE FROM {MARKERS} WHERE target = ? AND query_id = ? AND batch_id <= ?",
                          (self.table, self.query_id, batch_id - self.retain_batches))
             conn.execute("COMMIT")
+            self._last_applied = batch_id
             return True
         except BaseException:
             if conn.in_transaction:
@@ -306,6 +321,7 @@ class PostgresUpsertSink(UpsertSink):
                 log.warning("database sink %r: no DELETE privilege on %s, so its markers of query %r are not pruned "
                             "(one row per batch is kept for ever)", self.table, self.markers, self.query_id)
             conn.commit()
+            self._last_applied = batch_id
             return True
 
     def _create_tables(self, conn: Any, rows: list[dict[str, Any]], cols: list[str]) -> bool:
@@ -426,7 +442,9 @@ def database_sink(url: str, table: str, query_id: str, key_columns: Sequence[str
     ``sqlite:///:memory:``) are refused: each batch would open a new one, so nothing would record
     the applied batches.
 
-    Its identity is ``(table, query_id)``: several tables of one database may share a query id.
+    Its identity is ``(table, query_id)``: several tables of one database may share a query id, but
+    one table must be written once per batch under one query id — a second write of the batch is
+    taken for a replay (union the DataFrames, or give each write its own query id).
     """
     scheme = urlsplit(url).scheme if "://" in url else ""
     strict = fail_on_higher_committed_batch
