@@ -103,3 +103,39 @@ def _current(b: InProcessBroker, tid: str) -> tuple[int, int]:
     meta = b.broker.coordination.txn.state_of(tid)
     assert meta is not None
     return meta.producer_id, meta.producer_epoch
+
+
+@pytest.mark.parametrize("records", [12, 9], ids=["flushed-since-the-roll", "cut-right-after-a-roll"])
+def test_segment_max_timestamps_survive_a_power_cut_after_light_flushes(
+        crashfs: CrashFS, tmp_path: Path, records: int) -> None:
+    """A light flush leaves time-index entries to writeback, but a segment's max timestamp was read
+    back from its time index alone: after a cut the segments below the recovery point had none,
+    so ListOffsets by time skipped their records (a probe: t0+1h answered 8, not 1) and time
+    retention waited for them (or, with a front left, deleted early). A rolled segment's time index
+    is now fsynced by the flush that passes it, and the load walks what may still lack entries
+    (with 9 records the cut comes after the roll at offset 8, before any flush saw it: the segment
+    before the recovery point's is then walked)."""
+    hour = 3_600_000
+    b = InProcessBroker(crashfs.root, log_segment_bytes=700)
+    b.create_topic("t", 1)
+    b.broker.logs.flush_all(b.clock.now_ms(), force=True)
+    t0 = b.clock.now_ms()
+    for i in range(records):  # one record an hour, four to a segment, a light flush before each
+        b.clock.advance(1_000)
+        flush_pass = b.broker.logs.begin_flush_pass(b.clock.now_ms())
+        if flush_pass is not None:
+            flush_pass.run()
+            b.broker.logs.finish_flush_pass(flush_pass)
+        assert b.produce("t", 0, batch(1, value=b"r%02d" % i, size=100, ts=t0 + i * hour)) == 0
+    plog = b.broker.logs.get_partition("t", 0)
+    assert plog is not None and [s.base_offset for s in plog.segments] == [0, 4, 8]
+    plog.sync()  # as an acknowledgement under flush.messages=1 does: the data and the roll's name, no index
+    assert plog.recovery_point == records - 1
+    b2 = _cut_and_restart(b, crashfs, tmp_path)
+    plog2 = b2.broker.logs.get_partition("t", 0)
+    assert plog2 is not None
+    assert [(s.base_offset, s.max_timestamp) for s in plog2.segments[:2]] == [(0, t0 + 3 * hour), (4, t0 + 7 * hour)]
+    for i in (1, 5):
+        found = plog2.offset_for_timestamp(t0 + i * hour)
+        assert found is not None and found[0] == i
+    b2.close()

@@ -89,6 +89,8 @@ class LogSegment:
         self._bytes_since_index = 0
         self.dirty = False
         self.truncated = False  # recovery cut torn or corrupt bytes off this segment
+        # Rolled since its last flush: that flush fsyncs its time index (``plan_flush``).
+        self.time_index_durable_due = False
 
     # --- writes -----------------------------------------------------------------------------------
     def append(self, data: bytes | bytearray, batches: list[tuple[int, rb.BatchHeader]]) -> None:
@@ -123,7 +125,7 @@ class LogSegment:
 
     @property
     def needs_flush(self) -> bool:
-        return self.dirty or self.txn_index.dirty
+        return self.dirty or self.txn_index.dirty or self.time_index_durable_due
 
     def sync_data(self) -> None:
         """fsync the data only (the indexes are rebuilt above the recovery point on recovery)."""
@@ -140,9 +142,17 @@ class LogSegment:
             job.fds.append(fileio.fs.dup(self.fd))
             self.dirty = False
         pendings = (self.offset_index.take_pending(), self.time_index.take_pending(), self.txn_index.take_pending())
+        # A light flush leaves index entries to the kernel's writeback, but the segment's max
+        # timestamp is read back from its time index (retention, lookups by time): once the segment
+        # is rolled, the flush that carries the recovery point past it fsyncs that index too (one
+        # fsync a roll). Only the segment holding the recovery point may then lack entries after a
+        # power cut, and its load walks its trusted part for them (``restore_time_index``).
+        sealed = self.time_index_durable_due
+        self.time_index_durable_due = False
         for path, pending, hint in zip(index_files, pendings, (True, True, False), strict=True):
-            if pending:
-                job.index_appends.append((path, pending, not (hint and job.light)))
+            durable_now = sealed and path == self.time_index.path
+            if pending or durable_now:
+                job.index_appends.append((path, pending, durable_now or not (hint and job.light)))
                 if not path.exists():
                     job.new_names = True
 
@@ -251,6 +261,20 @@ class LogSegment:
             position += consumed
 
     # --- recovery ---------------------------------------------------------------------------------
+    def restore_time_index(self, upto: int) -> None:
+        """Time-index entries (and the max timestamp) of the batches below byte ``upto`` that the
+        index does not hold: those a power cut took from its tail (a light flush does not fsync
+        it). Walks from the batch of the index's last entry, so an intact index costs a few batches."""
+        start = 0
+        if self.time_index.timestamps:
+            start = self.offset_index.lookup(self.base_offset + int(self.time_index.relative_offsets[-1]))
+        for pos, header, _data in self.iter_batches(min(start, upto)):
+            if pos + header.size > upto:
+                break
+            if header.max_timestamp > self.max_timestamp:
+                self.max_timestamp = header.max_timestamp
+                self.time_index.maybe_append(header.max_timestamp, header.base_offset)
+
     def load_indexes(self) -> bool:
         """Load both indexes; False if the offset index file was missing (it must be rebuilt)."""
         existed = self.offset_index.path.exists() and self.time_index.path.exists()

@@ -349,6 +349,10 @@ class PartitionLog:
         scanned_batches = replayed_batches = 0
         for i, seg in enumerate(self.segments):
             had_index = seg.load_indexes()
+            if i == first_unflushed - 1 and had_index:
+                # Rolled just before the recovery point's segment began: the flush that made its
+                # time index durable may not have run (``LogSegment.plan_flush``).
+                seg.restore_time_index(seg.size)
             if i < first_unflushed and not had_index and seg.size:
                 log.info("%s: rebuilding the indexes of %s", self.name, seg.path.name)
                 seg.next_offset = seg.base_offset
@@ -359,6 +363,8 @@ class PartitionLog:
             start_pos: int | None = 0
             if i == first_unflushed and seg.base_offset < recovery_point:
                 start_pos = seg.boundary_position(recovery_point)
+                if start_pos is not None:
+                    seg.restore_time_index(start_pos)
             if start_pos is None:
                 found_batches, replayed = self._recover_from_start(i, recovery_point)
                 replayed_batches += replayed
@@ -720,6 +726,7 @@ class PartitionLog:
         now = self.clock.now_ms() if now_ms is None else now_ms
         self._guarded(lambda: self.segments.append(
             LogSegment(self.directory, self.log_end_offset, now, self.config.index_interval_bytes)))
+        self.segments[-2].time_index_durable_due = True
         self._rolls += 1
         self._roll_jitter_ms = self._jitter_for(self.log_end_offset)
 
