@@ -136,7 +136,7 @@ class Coordination:
                 if rec.control is not None:
                     self.groups.replay_control(rec.producer_id, rec.control == rb.CONTROL_COMMIT)
                 elif rec.key is not None:
-                    self.groups.replay(rec.key, rec.value, rec.producer_id, rec.transactional)
+                    self.groups.replay(rec.key, rec.value, rec.producer_id, rec.transactional, rec.offset)
                     n_offsets += 1
         self.groups.loaded()
         log.info("loaded %d consumer offsets record(s), %d group(s)", n_offsets, len(self.groups.groups))
@@ -476,20 +476,23 @@ class Coordination:
         topic, partition = self.offsets_partition_for(group_id)
         plog = self.broker.logs.get_partition(topic, partition)
         assert plog is not None
-        wait = self._append_offsets(plog, encode_batch(records, self.broker.clock.now_ms()), bounded=bounded)
-        for key, value in records:
-            self.groups.replay(key, value)
+        base, wait = self._append_offsets(plog, encode_batch(records, self.broker.clock.now_ms()), bounded=bounded)
+        for i, (key, value) in enumerate(records):
+            self.groups.replay(key, value, record_offset=base + i)
         return wait
 
-    def _append_offsets(self, plog: Any, batch: bytes, *, bounded: bool = False) -> AnsweredWhenDurable | None:
-        """Append ``batch`` to an offsets partition; what its answer must wait for (see
-        :meth:`apply_group_records`). Raises what ``PartitionLog.append`` raises, having appended
-        nothing (DiskFullError only when ``bounded``)."""
+    def _append_offsets(self, plog: Any, batch: bytes, *, bounded: bool = False
+                        ) -> tuple[int, AnsweredWhenDurable | None]:
+        """Append ``batch`` to an offsets partition; the offset its first record got (the replay
+        orders commits by it) and what its answer must wait for (see :meth:`apply_group_records`).
+        Raises what ``PartitionLog.append`` raises, having appended nothing (DiskFullError only when
+        ``bounded``)."""
         running = _loop_running()
-        plog.append(batch, origin=AppendOrigin.COORDINATOR, defer_sync=running, bounded=bounded)
+        appended = plog.append(batch, origin=AppendOrigin.COORDINATOR, defer_sync=running, bounded=bounded)
         if not running or plog.synced_end >= plog.log_end_offset or not plog.must_sync:
-            return None
-        return AnsweredWhenDurable.after_appends(self.broker, [(plog, plog.log_end_offset)], None)
+            return appended.base_offset, None
+        return appended.base_offset, AnsweredWhenDurable.after_appends(self.broker, [(plog, plog.log_end_offset)],
+                                                                       None)
 
     @staticmethod
     def _in_background(wait: Awaitable[None] | None) -> None:
@@ -511,14 +514,14 @@ class Coordination:
         batch = encode_batch(records, self.broker.clock.now_ms(), producer_id=producer_id,
                              producer_epoch=producer_epoch, transactional=True)
         try:
-            wait = self._append_offsets(plog, batch, bounded=True)
+            base, wait = self._append_offsets(plog, batch, bounded=True)
         except ProducerStateError as exc:
             return ErrorCode(exc.error_code), None
         except DiskFullError as exc:
             storage_refused(exc)
             return ErrorCode.not_coordinator, None
-        for key, value in records:
-            self.groups.replay(key, value, producer_id, transactional=True)
+        for i, (key, value) in enumerate(records):
+            self.groups.replay(key, value, producer_id, transactional=True, record_offset=base + i)
         return ErrorCode.none, wait
 
     def apply_records_by_group(self, records: list[tuple[bytes, bytes | None]]) -> AnsweredWhenDurable | None:
@@ -560,7 +563,10 @@ class Coordination:
 
         Invariants: replaying the log from its new start rebuilds the same coordinator state (the
         checkpoint holds every live key; records between an earlier cut and the checkpoint are
-        older and overwritten by it; tombstoned keys are absent); the checkpoint is durable before
+        older and overwritten by it; tombstoned keys are absent; a committed offset's record carries
+        the offset of the record that committed it, so a pending transactional offset kept below
+        the checkpoint still loses to a newer regular commit and wins over an older one when its
+        transaction commits, as Kafka orders them); the checkpoint is durable before
         anything is deleted, so a crash at any step leaves a log that replays to the same state;
         an open transaction's records (pending offsets) are never cut, and while one pins more than
         half of the log the partition is left alone (nothing could be dropped). Runs without awaiting, so no

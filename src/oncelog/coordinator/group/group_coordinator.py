@@ -222,11 +222,14 @@ class GroupCoordinator:
         return errors, records
 
     # --- replay: records into state -----------------------------------------------------------------
-    def replay(self, key: bytes, value: bytes | None, producer_id: int = -1, transactional: bool = False) -> None:
+    def replay(self, key: bytes, value: bytes | None, producer_id: int = -1, transactional: bool = False,
+               record_offset: int | None = None) -> None:
+        """Apply one record of an offsets partition, found there at ``record_offset`` (the server
+        always gives it; see ``OffsetMetadataManager.replay`` for None)."""
         kind, ident, payload = rec.decode(key, value)
         if kind == "offset":
             group_id, topic, partition = ident
-            self.offset_store.replay(group_id, (topic, partition), payload, producer_id, transactional)
+            self.offset_store.replay(group_id, (topic, partition), payload, producer_id, transactional, record_offset)
             if payload is not None:  # transactional too: Kafka's replay (and TxnOffsetCommit) create it
                 self.membership.ensure_group(group_id)
             return
@@ -235,8 +238,9 @@ class GroupCoordinator:
             self.offset_store.drop_group(ident)
 
     def replay_control(self, producer_id: int, commit: bool) -> None:
-        """A COMMIT/ABORT marker: the producer's pending offsets are applied or dropped. Their groups
-        exist: the replay of a pending offset creates its group, and a group's tombstone drops them."""
+        """A COMMIT/ABORT marker: the producer's pending offsets are applied (each unless a newer
+        regular commit of its partition is already there) or dropped. Their groups exist: the replay
+        of a pending offset creates its group, and a group's tombstone drops them."""
         self.offset_store.replay_control(producer_id, commit)
 
     def loaded(self) -> None:
@@ -249,7 +253,9 @@ class GroupCoordinator:
 
         Transactional offsets still pending are not included: they stay in the log above the last
         stable offset, which a caller never truncates past. Replaying these records alone (with
-        ``loading`` set) rebuilds the same groups and committed offsets.
+        ``loading`` set) rebuilds the same groups and committed offsets, each with the
+        ``record_offset`` it had, so a pending offset left below the checkpoint is ordered against
+        them as against the records they replace.
         """
         out: list[Record] = []
         for gid in sorted(set(self.membership.logged) | set(self.offsets)):

@@ -14,10 +14,19 @@ Invariants:
   offsets of that partition (Kafka does the same), and DeleteGroups and OffsetDelete write one for
   every partition with a committed *or* pending offset (``tombstones``), so a group or offset deleted
   while a transaction is open does not come back when the transaction commits, nor after a restart.
+- Every offset held, committed or pending, carries the ``record_offset`` of the record that
+  committed it; a COMMIT marker applies a pending offset only if its record is newer than the
+  committed one's (Kafka's replayEndTransactionMarker). So the committed offset is always that of
+  the newest record in log order among the regular commits and the commits of committed
+  transactions since the partition's last tombstone: a regular OffsetCommit made while a
+  transaction holds an older pending offset is not overwritten when the transaction commits (the
+  group would otherwise go back and re-read). A checkpoint's records carry the original
+  ``record_offset`` in their value, so replay after a checkpoint compares the same positions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 
 from kio.schema.errors import ErrorCode
@@ -36,6 +45,8 @@ class OffsetMetadataManager:
     def __init__(self) -> None:
         self.offsets: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
         self.pending: dict[int, dict[str, dict[TopicPartition, OffsetAndMetadata]]] = {}
+        #: The highest log offset replayed (where ``replay`` was called without one, the next is this + 1).
+        self.last_record_offset = -1
 
     # --- requests: records only ------------------------------------------------------------------
     def commit_records(self, group_id: str, offsets: Iterable[OffsetToCommit], now_ms: int
@@ -106,7 +117,16 @@ class OffsetMetadataManager:
 
     # --- replay: the only state changes --------------------------------------------------------------
     def replay(self, group_id: str, tp: TopicPartition, value: OffsetAndMetadata | None,
-               producer_id: int = -1, transactional: bool = False) -> None:
+               producer_id: int = -1, transactional: bool = False, record_offset: int | None = None) -> None:
+        """Apply one offset record found at ``record_offset`` in the group's offsets partition (None,
+        for callers without a log: one past the last record replayed, i.e. records count in replay
+        order). The offset is held with its ``record_offset``: the value's own when it has one (a
+        checkpoint's rewrite of an older commit), else the record's position."""
+        if record_offset is None:
+            record_offset = self.last_record_offset + 1
+        self.last_record_offset = max(self.last_record_offset, record_offset)
+        if value is not None and value.record_offset < 0:
+            value = dataclasses.replace(value, record_offset=record_offset)
         if transactional:
             if value is not None:
                 self.pending.setdefault(producer_id, {}).setdefault(group_id, {})[tp] = value
@@ -124,13 +144,17 @@ class OffsetMetadataManager:
 
     def replay_control(self, producer_id: int, commit: bool) -> None:
         """The producer's COMMIT/ABORT marker reached the offsets partition: apply or drop its pending
-        offsets."""
+        offsets. A committed one replaces the partition's committed offset only if its record is the
+        newer (Kafka's replayEndTransactionMarker): an OffsetCommit written after it, while the
+        transaction was open, stays."""
         pending = self.pending.pop(producer_id, None)
         if not pending or not commit:
             return
         for group_id, offsets in pending.items():
-            if offsets:
-                self.offsets.setdefault(group_id, {}).update(offsets)
+            for tp, om in offsets.items():
+                existing = self.offsets.get(group_id, {}).get(tp)
+                if existing is None or om.record_offset > existing.record_offset:
+                    self.offsets.setdefault(group_id, {})[tp] = om
 
     def drop_group(self, group_id: str) -> None:
         """The group's metadata tombstone was replayed: it has no offsets any more, committed or
@@ -162,6 +186,8 @@ class OffsetMetadataManager:
         return out
 
     def snapshot_records(self, group_id: str) -> list[Record]:
-        """The newest record of each committed offset of the group (pending ones stay in the log)."""
+        """The newest record of each committed offset of the group (pending ones stay in the log), each
+        value with the ``record_offset`` of the record that committed it: written at a higher offset,
+        it still orders as that record against a pending transactional offset below it."""
         return [(rec.offset_key(group_id, *tp), rec.offset_value(o))
                 for tp, o in sorted(self.offsets.get(group_id, {}).items())]

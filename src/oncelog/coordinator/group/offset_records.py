@@ -1,7 +1,8 @@
 """``__consumer_offsets`` records (JSON values, versioned keys; readable with kcat).
 
 Keys: ``\\x00\\x01`` + JSON [group, topic, partition] for an offset commit; ``\\x00\\x02`` + group id for
-the group's metadata. A None value is a tombstone.
+the group's metadata. A None value is a tombstone. An offset value written by a checkpoint also
+holds ``record_offset``, the offset of the record that committed it (``OffsetAndMetadata``).
 
 A group-metadata value is the group as a restart should load it: generation, protocol, leader,
 members with their static instance ids and assignments, and ``state_ts``, the time the group entered
@@ -24,10 +25,20 @@ GROUP_KEY = b"\x00\x02"
 
 @dataclass(frozen=True, slots=True)
 class OffsetAndMetadata:
+    """A committed (or pending transactional) offset.
+
+    ``record_offset`` is Kafka's recordOffset: the offset, in ``__consumer_offsets``, of the record
+    that committed it (-1: not replayed yet, as a request's records are). It orders a transactional
+    commit against regular ones when its transaction commits (``OffsetMetadataManager.replay_control``),
+    so a checkpoint that rewrites a live offset at a new, higher offset carries it along in the value
+    (``record_offset``); a record without that field was committed by its own position.
+    """
+
     offset: int
     leader_epoch: int
     metadata: str | None
     commit_timestamp_ms: int
+    record_offset: int = -1
 
 
 def offset_key(group_id: str, topic: str, partition: int) -> bytes:
@@ -35,8 +46,12 @@ def offset_key(group_id: str, topic: str, partition: int) -> bytes:
 
 
 def offset_value(o: OffsetAndMetadata) -> bytes:
-    return json.dumps({"v": 1, "offset": o.offset, "leader_epoch": o.leader_epoch, "metadata": o.metadata,
-                       "ts": o.commit_timestamp_ms}, separators=(",", ":")).encode()
+    """The record value of ``o``; with ``record_offset`` when ``o`` has one (a checkpoint's record)."""
+    value: dict[str, Any] = {"v": 1, "offset": o.offset, "leader_epoch": o.leader_epoch, "metadata": o.metadata,
+                             "ts": o.commit_timestamp_ms}
+    if o.record_offset >= 0:
+        value["record_offset"] = o.record_offset
+    return json.dumps(value, separators=(",", ":")).encode()
 
 
 def group_key(group_id: str) -> bytes:
@@ -60,7 +75,7 @@ def decode(key: bytes, value: bytes | None) -> tuple[str, Any, Any]:
             return "offset", (group, topic, partition), None
         d = json.loads(value)
         return "offset", (group, topic, partition), OffsetAndMetadata(d["offset"], d["leader_epoch"], d["metadata"],
-                                                                       d["ts"])
+                                                                       d["ts"], d.get("record_offset", -1))
     if kind == GROUP_KEY:
         return "group", body.decode(), None if value is None else json.loads(value)
     raise ValueError(f"unknown __consumer_offsets key type {kind!r}")
