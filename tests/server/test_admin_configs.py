@@ -57,7 +57,7 @@ INVALID = [  # (name, value, words of the message)
     ("message.format.version", "banana", "not a valid version"),
     ("remote.storage.enable", "true", "Tiered Storage"),
     ("cleanup.policy", "compact,shred", "String must be one of: compact, delete"),
-    ("cleanup.policy", "compact,compact", "each policy may appear once"),
+    ("cleanup.policy", "compact,", "String must be one of: compact, delete"),
     ("min.cleanable.dirty.ratio", "1.5", "no more than 1"),
     ("delete.retention.ms", "-1", "at least 0"),
     ("max.compaction.lag.ms", "0", "at least 1"),
@@ -348,22 +348,23 @@ def test_segment_bytes_and_retention_apply_to_a_running_partition(b: InProcessBr
     plog(b, "t").apply_retention(b.clock.now_ms())
     assert len(plog(b, "t").segments) == 5  # 7 days
     assert incremental(b, TOPIC, "t", [("retention.ms", SET, "5000")])[0] == 0
-    b.broker._retention()
-    assert len(plog(b, "t").segments) == 1 and plog(b, "t").log_start_offset == 8
+    b.broker._retention()  # every segment, the active one too (rolled first), as Kafka's retention
+    assert len(plog(b, "t").segments) == 1 and plog(b, "t").log_start_offset == plog(b, "t").log_end_offset == 9
 
 
 def test_segment_ms_and_index_bytes_roll(b: InProcessBroker) -> None:
+    """segment.ms as Kafka's: from the segment's first batch's timestamp to the incoming one's."""
     b.create_topic("t")
-    assert produce(b, "t", batch(1)).error_code == 0
+    assert produce(b, "t", batch(1, ts=b.clock.now_ms())).error_code == 0
     assert incremental(b, TOPIC, "t", [("segment.ms", SET, "1000")])[0] == 0
     b.clock.advance(999)
-    assert produce(b, "t", batch(1)).error_code == 0
+    assert produce(b, "t", batch(1, ts=b.clock.now_ms())).error_code == 0
     assert len(plog(b, "t").segments) == 1
     b.clock.advance(1)
-    assert produce(b, "t", batch(1)).error_code == 0
+    assert produce(b, "t", batch(1, ts=b.clock.now_ms())).error_code == 0
     assert len(plog(b, "t").segments) == 2
     assert incremental(b, TOPIC, "t", [("segment.ms", DELETE, None), ("segment.index.bytes", SET, "4")])[0] == 0
-    assert produce(b, "t", batch(1)).error_code == 0  # an index of 4 bytes holds no entry: full at once
+    assert produce(b, "t", batch(1, ts=b.clock.now_ms())).error_code == 0  # an index of 4 bytes: full at once
     assert len(plog(b, "t").segments) == 3
 
 

@@ -50,10 +50,10 @@ def test_segments_roll_by_size_and_time_and_reads_cross_them(tmp_path: Path) -> 
     clock = ManualClock()
     plog = open_log(tmp_path, clock, segment_bytes=3000, segment_ms=60_000)
     for _ in range(6):
-        plog.append(batch(1, size=1000))
+        plog.append(batch(1, size=1000, ts=clock.now_ms()))
     assert len(plog.segments) == 3
     clock.advance(61_000)
-    plog.append(batch(1))
+    plog.append(batch(1, ts=clock.now_ms()))  # segment.ms: from the first batch's time to this one's
     assert len(plog.segments) == 4
     assert sorted(p.name for p in tmp_path.glob("*.log"))[1] == f"{plog.segments[1].base_offset:020d}.log"
     got: list[int] = []
@@ -105,8 +105,8 @@ def test_time_retention_of_records_without_a_timestamp_falls_back_to_the_file_ti
     for seg in plog.segments:
         os.utime(seg.path, (0, 0))  # untouched for ages
     before = len(plog.segments)
-    assert plog.apply_retention(clock.now_ms()) == before - 1  # all but the active segment
-    assert plog.log_start_offset == plog.segments[0].base_offset > 0
+    assert plog.apply_retention(clock.now_ms()) == before  # the active one too: its records are 10 days old
+    assert plog.log_start_offset == plog.log_end_offset == 6
 
 
 def test_log_append_time_is_what_producer_expiry_and_a_duplicate_answer_see(tmp_path: Path) -> None:
@@ -125,6 +125,49 @@ def test_log_append_time_is_what_producer_expiry_and_a_duplicate_answer_see(tmp_
     retry = plog.append(batch(1, pid=7, epoch=0, seq=2, ts=old))
     assert retry.duplicate and (retry.base_offset, retry.log_append_time_ms) == (2, stamped)
     assert plog.log_end_offset == 3
+
+
+def test_retention_takes_a_quiet_topics_last_segment_too(tmp_path: Path) -> None:
+    """A topic no one writes to any more kept its active segment past retention for ever (a probe:
+    retention.ms=2000, the records still there 6 s later; retention.bytes=0 too). Kafka's
+    deletableSegments takes the active segment once it is due and wholly readable, rolling first."""
+    clock = ManualClock(now_ms=10_000_000)
+    plog = open_log(tmp_path, clock, retention_ms=2000)
+    for _ in range(3):
+        plog.append(batch(1, ts=clock.now_ms()))
+    assert plog.apply_retention(clock.now_ms()) == 0  # not due yet
+    clock.advance(6000)
+    assert plog.apply_retention(clock.now_ms()) == 1
+    assert (plog.log_start_offset, plog.log_end_offset) == (3, 3) and plog.active.size == 0
+    assert plog.apply_retention(clock.now_ms()) == 0  # an empty active segment stays
+    assert plog.append(batch(1, ts=clock.now_ms())).base_offset == 3
+    plog.close()
+    again = open_log(tmp_path, clock, retention_ms=2000)
+    assert (again.log_start_offset, again.log_end_offset) == (3, 4)
+    sized = open_log(tmp_path / "b", clock, retention_bytes=0)
+    sized.append(batch(2))
+    assert sized.apply_retention(clock.now_ms()) == 1 and sized.log_start_offset == 2
+
+
+def test_segment_ms_counts_from_the_first_batch_not_from_the_start(tmp_path: Path) -> None:
+    """segment.ms counted from when the segment was loaded: on a broker restarted more often than
+    segment.ms the active segment never rolled (nor went to retention with it). Kafka counts from
+    the segment's first batch's timestamp to the incoming one's (rollingBasedTimestamp)."""
+    clock = ManualClock(now_ms=10_000_000)
+    plog = open_log(tmp_path, clock, segment_ms=4000)
+    plog.append(batch(1, ts=clock.now_ms()))
+    for _ in range(3):  # a restart every 3 s, an append after each
+        plog.close()
+        clock.advance(3000)
+        plog = open_log(tmp_path, clock, segment_ms=4000)
+        plog.append(batch(1, ts=clock.now_ms()))
+    assert [s.base_offset for s in plog.segments] == [0, 2]  # rolled at the append 6 s after the first
+    plog.close()
+    old = open_log(tmp_path / "old", clock, segment_ms=4000)  # records of long ago, written now
+    for i in range(3):
+        old.append(batch(1, ts=1_000 + i))
+        clock.advance(3000)
+    assert len(old.segments) == 1, "event time decides, as in Kafka: 2 ms apart"
 
 
 def test_oversized_batch_is_refused_without_writing(tmp_path: Path) -> None:

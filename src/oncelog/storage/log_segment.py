@@ -91,6 +91,7 @@ class LogSegment:
         self.truncated = False  # recovery cut torn or corrupt bytes off this segment
         # Rolled since its last flush: that flush fsyncs its time index (``plan_flush``).
         self.time_index_durable_due = False
+        self._first_batch_timestamp: int | None = None  # read from the file when first asked
 
     # --- writes -----------------------------------------------------------------------------------
     def append(self, data: bytes | bytearray, batches: list[tuple[int, rb.BatchHeader]]) -> None:
@@ -261,6 +262,15 @@ class LogSegment:
             position += consumed
 
     # --- recovery ---------------------------------------------------------------------------------
+    def first_batch_timestamp(self) -> int:
+        """The max timestamp of the segment's first batch, -1 when it has none or the segment is
+        empty (Kafka's rollingBasedTimestamp, loaded lazily too)."""
+        if self._first_batch_timestamp is None:
+            if self.size < rb.HEADER_SIZE:
+                return -1
+            self._first_batch_timestamp = rb.read_header(self.pread(0, rb.HEADER_SIZE)).max_timestamp
+        return self._first_batch_timestamp
+
     def restore_time_index(self, upto: int) -> None:
         """Time-index entries (and the max timestamp) of the batches below byte ``upto`` that the
         index does not hold: those a power cut took from its tail (a light flush does not fsync
@@ -346,6 +356,7 @@ class LogSegment:
             fileio.fs.fsync(self.fd)
             self.size = pos
             self.truncated = True
+            self._first_batch_timestamp = None
         self.time_index.truncate_to_offset(self.next_offset)
         self.offset_index.truncate_to_position(self.size)
         return found
@@ -359,6 +370,7 @@ class LogSegment:
     def truncate_all(self) -> None:
         fileio.fs.ftruncate(self.fd, 0)
         self.size = 0
+        self._first_batch_timestamp = None
         self.next_offset = self.base_offset
         self.offset_index.truncate_to_position(0)
         self.time_index.truncate_to_offset(self.base_offset)

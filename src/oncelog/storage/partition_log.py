@@ -580,7 +580,8 @@ class PartitionLog:
         refusable = origin is AppendOrigin.CLIENT or bounded  # refused for want of room, never fatal
         if refusable and (refused := self.dir_state.client_write_refused(self.directory, len(records))) is not None:
             raise DiskFullError(f"{self.name}: {refused}")
-        self._maybe_roll(now, len(records), origin)
+        self._maybe_roll(now, len(records), origin,
+                         now if self.config.log_append_time else max(h.max_timestamp for _, h in batches))
         buf = bytearray(records)
         offset = self.log_end_offset
         placed: list[tuple[int, rb.BatchHeader]] = []
@@ -682,16 +683,23 @@ class PartitionLog:
             fixed[i] = (pos, rb.read_header(buf, pos))
         return buf, fixed
 
-    def _maybe_roll(self, now_ms: int, incoming: int, origin: AppendOrigin) -> None:
+    def _maybe_roll(self, now_ms: int, incoming: int, origin: AppendOrigin, max_timestamp: int) -> None:
         """Roll before an append that the active segment should not take. A client's append that
         would roll while too few file descriptors are left is refused instead
-        (SegmentRollRefusedError, ``storage.descriptors``); the coordinators' appends always roll."""
+        (SegmentRollRefusedError, ``storage.descriptors``); the coordinators' appends always roll.
+
+        segment.ms is Kafka's ``timeWaitedForRoll``: from the segment's first batch's timestamp to
+        the incoming batches' (``max_timestamp``) when the first has one, else from the segment's
+        creation by the clock. (Counting from its creation alone, a segment never rolled on a
+        broker restarted more often than segment.ms: each start made it anew.)"""
         seg = self.active
         if seg.size == 0:
             return
         cfg = self.config
+        first = seg.first_batch_timestamp()
+        waited = max_timestamp - first if first >= 0 else now_ms - seg.created_ms
         if seg.size + incoming > cfg.segment_bytes or \
-                now_ms - seg.created_ms >= cfg.max_segment_ms - self._roll_jitter_ms or \
+                waited >= cfg.max_segment_ms - self._roll_jitter_ms or \
                 len(seg.offset_index.positions) >= cfg.segment_index_bytes // 8 or \
                 len(seg.time_index.timestamps) >= cfg.segment_index_bytes // 12:
             if origin is AppendOrigin.CLIENT and (refused := descriptors.roll_refused()) is not None:
@@ -1057,16 +1065,20 @@ class PartitionLog:
 
     # --- retention -------------------------------------------------------------------------------
     def apply_retention(self, now_ms: int) -> int:
-        """Delete whole old segments by time and size (never the active one); returns how many.
+        """Delete whole old segments by time and size; returns how many.
 
         Only with ``cleanup.policy`` delete (or compact,delete), as Kafka: a compacted-only log keeps
-        its segments and only the cleaner shrinks them."""
+        its segments and only the cleaner shrinks them. The active segment goes too once it is due
+        and wholly readable (Kafka's deletableSegments, with the high watermark at the log end): the
+        log rolls first, so a quiet topic does not keep its last records past retention for ever."""
         deleted = 0
         cfg = self.config
         if not cfg.delete:
             return 0
-        while len(self.segments) > 1:
+        while self.segments:
             oldest = self.segments[0]
+            if oldest is self.active and (oldest.size == 0 or self.readable_end < self.log_end_offset):
+                break
             largest = oldest.max_timestamp
             if largest < 0:
                 # No record of it has a timestamp (emptied by the cleaner, records sent with -1, a
@@ -1077,6 +1089,8 @@ class PartitionLog:
             too_big = cfg.retention_bytes >= 0 and self.size_in_bytes - oldest.size >= cfg.retention_bytes
             if not (too_old or too_big):
                 break
+            if oldest is self.active:
+                self.roll(now_ms)
             self.wait_for_flush()  # a flush in flight may still write the oldest segment's indexes
             self._snapshot_covers(oldest.next_offset)
             self.segments.pop(0)
