@@ -6,8 +6,15 @@ INVALID_CONFIG with Kafka's message. Broker configs (resource name = this node's
 values, "" for the cluster-wide default): the broker synonyms of topic configs (``log.retention.ms``,
 ``message.max.bytes``, ...) are dynamic and validated like the topic config they default; the
 broker's own static settings are refused (INVALID_REQUEST "Cannot update these configs
-dynamically", as Kafka); any other name is kept and described, as Kafka keeps broker configs it
-does not act on. Broker validation errors are INVALID_REQUEST, as in Kafka (KAFKA-13609).
+dynamically", as Kafka); any other name is kept and described (as a secret, below), as Kafka keeps
+broker configs it does not act on. Broker validation errors are INVALID_REQUEST, as in
+Kafka (KAFKA-13609).
+
+Secrets: a config whose type is PASSWORD or unknown (every broker config that is neither a topic
+config's synonym nor one of the broker's own settings) is described with a null value and
+``is_sensitive`` (its synonyms too) and logged as ``[hidden]``, as Kafka's
+``KafkaConfig.maybeSensitive`` and ``loggableValue``: such a name may hold a password
+(``listener.name.x.ssl.keystore.password``, ``sasl.jaas.config``).
 
 The order of checks follows Kafka's: duplicate resources and keys, null values and unknown
 operations (INVALID_REQUEST), authorization, existence of the topic (as ZooKeeper-mode Kafka), then
@@ -48,6 +55,8 @@ RESOURCE_BROKER_LOGGER = 8  # not supported; only its authorization (DESCRIBE_CO
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 _OP_NAMES = {OP_SET: "SET", OP_DELETE: "DELETE", OP_APPEND: "APPEND", OP_SUBTRACT: "SUBTRACT"}
 
+HIDDEN = "[hidden]"  # Kafka's Password.HIDDEN
+
 
 class ConfigRequestError(Exception):
     def __init__(self, code: ErrorCode, message: str) -> None:
@@ -79,6 +88,20 @@ def _non_dynamic_names(broker: Broker) -> set[str]:
     names |= {f.name.replace("_", ".") for f in dataclasses.fields(broker.config)}
     names |= {"listeners", "advertised.listeners", "log.dir", "process.roles", "controller.quorum.voters"}
     return names - set(BROKER_SYNONYMS)
+
+
+def is_sensitive(ctype: ConfigType) -> bool:
+    """Kafka's KafkaConfig.maybeSensitive: a PASSWORD, or a config whose type is not known."""
+    return ctype in (ConfigType.UNKNOWN, ConfigType.PASSWORD)
+
+
+def loggable(resource_type: int, configs: dict[str, str]) -> dict[str, str]:
+    """Configs as they may be logged (Kafka's loggableValue): sensitive values are ``[hidden]``."""
+    if resource_type == RESOURCE_TOPIC:
+        types = {n: s.type if (s := TOPIC_CONFIG_SPECS.get(n)) else ConfigType.UNKNOWN for n in configs}
+    else:
+        types = {n: s.type if (s := broker_spec(n)) else ConfigType.UNKNOWN for n in configs}
+    return {n: HIDDEN if is_sensitive(types[n]) else v for n, v in configs.items()}
 
 
 def _describe_broker(broker: Broker, per_broker: bool) -> list[DescribedConfig]:
@@ -128,11 +151,14 @@ def _broker_scope(broker: Broker, name: str) -> str:
 
 # --- DescribeConfigs --------------------------------------------------------------------------------
 def _entry(d: DescribedConfig, synonyms: bool, documentation: bool) -> dict[str, Any]:
-    return {"name": d.name, "value": d.value, "read_only": d.read_only,
+    """One described config; a sensitive one (``is_sensitive``) shows no value, nor do its synonyms
+    (Kafka's ConfigHelper.createBrokerConfigEntry)."""
+    secret = is_sensitive(d.type)
+    return {"name": d.name, "value": None if secret else d.value, "read_only": d.read_only,
             "is_default": d.source == ConfigSource.DEFAULT_CONFIG, "config_source": int(d.source),
-            "is_sensitive": False,
-            "synonyms": [{"name": s.name, "value": s.value, "source": int(s.source)} for s in d.synonyms]
-            if synonyms else [],
+            "is_sensitive": secret,
+            "synonyms": [{"name": s.name, "value": None if secret else s.value, "source": int(s.source)}
+                         for s in d.synonyms] if synonyms else [],
             "config_type": int(d.type), "documentation": (d.doc or None) if documentation else None}
 
 
@@ -252,7 +278,7 @@ def _alter_one(broker: Broker, req: Request, resource_type: int, name: str, incr
         except DiskFullError as exc:  # topics.json not rewritten: the overrides stay as they were
             raise ConfigRequestError(ErrorCode.kafka_storage_error, str(exc)) from None
         if not validate_only:
-            log.info("topic %s: config overrides now %s", name, new)
+            log.info("topic %s: config overrides now %s", name, loggable(RESOURCE_TOPIC, new))
         return
     scope = _broker_scope(broker, name)
     layers = broker.logs.broker_configs
@@ -267,7 +293,8 @@ def _alter_one(broker: Broker, req: Request, resource_type: int, name: str, incr
     except InvalidConfigError as exc:
         raise ConfigRequestError(ErrorCode.invalid_request, str(exc)) from None
     if not validate_only:
-        log.info("dynamic broker configs (%s) now %s", "cluster default" if scope == "cluster" else "this broker", new)
+        log.info("dynamic broker configs (%s) now %s", "cluster default" if scope == "cluster" else "this broker",
+                 loggable(RESOURCE_BROKER, new))
 
 
 def _handle_alter(broker: Broker, req: Request, incremental: bool) -> dict[str, Any]:

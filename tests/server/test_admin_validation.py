@@ -1,0 +1,104 @@
+"""The admin and config requests checked as Kafka checks them (in process, through the broker's
+request path):
+
+- a broker config that may hold a secret (type PASSWORD or unknown) is never described nor logged
+  in clear (Kafka's maybeSensitive / loggableValue);
+- a dynamic broker config changed while CreateTopics builds a topic reaches that topic;
+- Kafka's non-dynamic broker log configs (log.retention.hours, ...) are refused, not kept unused;
+- CreateTopics / CreatePartitions: duplicate names, manual assignments, ``__cluster_metadata``;
+- DescribeConfigs: an empty key list is every key; invalid topic names are INVALID_TOPIC_EXCEPTION;
+- values are stored as Kafka parses them;
+- cleanup.policy is Kafka's ValidList: an empty list (a log that keeps everything) and a repeated
+  policy are valid.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from tests.inproc import InProcessBroker
+
+TOPIC, BROKER = 2, 4
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+DYNAMIC_BROKER = 2
+SECRET = "hunter2-s3cret"
+
+
+@pytest.fixture
+def b(tmp_path: Path) -> Iterator[InProcessBroker]:
+    broker = InProcessBroker(tmp_path / "d")
+    yield broker
+    broker.close()
+
+
+def incremental(b: InProcessBroker, rtype: int, name: str, ops: list[tuple[str, int, str | None]]
+                ) -> tuple[ErrorCode, str | None]:
+    r = b.call(44, 1, {"resources": [{"resource_type": rtype, "resource_name": name, "configs": [
+        {"name": n, "config_operation": op, "value": v} for n, op, v in ops]}], "validate_only": False})
+    return r.responses[0].error_code, r.responses[0].error_message
+
+
+def legacy(b: InProcessBroker, rtype: int, name: str, configs: dict[str, str]) -> ErrorCode:
+    r = b.call(33, 2, {"resources": [{"resource_type": rtype, "resource_name": name, "configs": [
+        {"name": n, "value": v} for n, v in configs.items()]}], "validate_only": False})
+    return r.responses[0].error_code
+
+
+def describe(b: InProcessBroker, rtype: int, name: str, keys: list[str] | None = None, version: int = 4) -> Any:
+    r = b.call(32, version, {"resources": [{"resource_type": rtype, "resource_name": name,
+                                            "configuration_keys": keys}],
+                             "include_synonyms": True, "include_documentation": False})
+    return r.results[0]
+
+
+def topic(name: str, n: int = 1, rf: int = 1, assignments: list[tuple[int, list[int]]] | None = None,
+          configs: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"name": name, "num_partitions": n, "replication_factor": rf,
+            "assignments": [{"partition_index": i, "broker_ids": ids} for i, ids in assignments or []],
+            "configs": [{"name": k, "value": v} for k, v in (configs or {}).items()]}
+
+
+def create_topics(b: InProcessBroker, *topics: dict[str, Any], validate_only: bool = False) -> list[Any]:
+    return list(b.call(19, 7, {"topics": list(topics), "timeout": 5000, "validate_only": validate_only}).topics)
+
+
+def create_partitions(b: InProcessBroker, *topics: tuple[str, int, list[list[int]] | None],
+                      validate_only: bool = False) -> list[tuple[str, ErrorCode, str | None]]:
+    r = b.call(37, 3, {"topics": [{"name": n, "count": c, "assignments": None if a is None else
+                                   [{"broker_ids": ids} for ids in a]} for n, c, a in topics],
+                       "timeout": 5000, "validate_only": validate_only})
+    return [(x.name, x.error_code, x.error_message) for x in r.results]
+
+
+# --- secrets ----------------------------------------------------------------------------------------
+def test_broker_configs_that_may_hold_secrets_are_described_and_logged_hidden(
+        b: InProcessBroker, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="oncelog.server")
+    password = "listener.name.external.ssl.keystore.password"
+    jaas = "listener.name.external.plain.sasl.jaas.config"
+    jaas_value = f'org.apache.kafka.common.security.plain.PlainLoginModule required username="a" password="{SECRET}";'
+    assert incremental(b, BROKER, "1", [(password, SET, SECRET), (jaas, SET, jaas_value)])[0] == 0
+    assert incremental(b, BROKER, "", [(password, SET, SECRET)])[0] == 0
+    assert legacy(b, BROKER, "1", {password: SECRET, jaas: jaas_value, "log.retention.ms": "5000"}) == 0
+    for name in ("1", ""):
+        res = describe(b, BROKER, name)
+        assert res.error_code == 0
+        got = {c.name: c for c in res.configs}
+        assert got[password].is_sensitive and got[password].value is None
+        assert got[password].synonyms and all(s.value is None for s in got[password].synonyms)
+        if name == "1":
+            assert got[password].config_source == DYNAMIC_BROKER
+            assert got[jaas].is_sensitive and got[jaas].value is None
+            # a config whose type is known is still shown
+            assert not got["log.retention.ms"].is_sensitive and got["log.retention.ms"].value == "5000"
+        assert SECRET not in repr(res)
+    assert SECRET not in caplog.text
+    assert "[hidden]" in caplog.text and "5000" in caplog.text
+
+
