@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 
+from tests.fsync_gate import FsyncGate
 from tests.inproc import InProcessBroker
+from tests.storage.helpers import batch
 
 TOPIC, BROKER = 2, 4
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
@@ -100,5 +102,44 @@ def test_broker_configs_that_may_hold_secrets_are_described_and_logged_hidden(
         assert SECRET not in repr(res)
     assert SECRET not in caplog.text
     assert "[hidden]" in caplog.text and "5000" in caplog.text
+
+
+# --- a broker config changed while a topic is built ------------------------------------------------------
+BIG = "big_t"
+
+
+@pytest.fixture
+def gate() -> Iterator[FsyncGate]:
+    g = FsyncGate()
+    yield g
+    g.close()
+
+
+def test_a_broker_config_changed_while_a_topic_is_built_reaches_it(b: InProcessBroker, gate: FsyncGate) -> None:
+    gate.hold(f"/{BIG}-")
+    started = b.start(19, 7, {"topics": [topic(BIG, 4)], "timeout": 30_000, "validate_only": False})
+    b.run_until(gate.reached.is_set)  # the partitions are being built on a worker thread
+    assert incremental(b, BROKER, "", [("message.max.bytes", SET, "200")])[0] == 0
+    gate.release()
+    assert b.finish(started).topics[0].error_code == 0
+    for p in range(4):
+        plog = b.broker.logs.get_partition(BIG, p)
+        assert plog is not None and plog.config.max_message_bytes == 200
+    assert b.produce(BIG, 0, batch(size=1000)) == ErrorCode.message_too_large.value
+
+
+def test_a_topic_whose_overrides_a_change_made_meanwhile_invalidates_is_not_made(
+        b: InProcessBroker, gate: FsyncGate) -> None:
+    gate.hold(f"/{BIG}-")
+    started = b.start(19, 7, {"topics": [topic(BIG, 2, configs={"min.compaction.lag.ms": "1000"})],
+                              "timeout": 30_000, "validate_only": False})
+    b.run_until(gate.reached.is_set)
+    assert incremental(b, BROKER, "", [("log.cleaner.max.compaction.lag.ms", SET, "500")])[0] == 0
+    gate.release()
+    t = b.finish(started).topics[0]
+    assert t.error_code == ErrorCode.invalid_config and "min.compaction.lag.ms" in (t.error_message or "")
+    assert BIG not in b.broker.logs.topics() and not b.broker.logs.is_being_created(BIG)
+    assert not any(d.name.startswith(f"{BIG}-") for d in b.data_dir.iterdir())
+    assert create_topics(b, topic(BIG, 2))[0].error_code == 0  # the name is free
 
 

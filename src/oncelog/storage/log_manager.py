@@ -341,8 +341,21 @@ class LogManager:
 
     def register_topic(self, name: str, configs: dict[str, str], parts: list[PartitionLog], *,
                        internal: bool = False) -> TopicInfo:
-        """Make a reserved topic whose partitions were built visible, and durable in topics.json."""
+        """Make a reserved topic whose partitions were built visible, and durable in topics.json.
+
+        The partitions were built with the config :meth:`reserve_topic` computed; a dynamic broker
+        config changed meanwhile (``alter_broker_configs`` reaches registered partitions only) is
+        applied here, the overrides validated against the current defaults as any topic's are. If
+        they no longer pass, the creation fails (InvalidConfigError) and the partitions go."""
         self._creating.discard(name)
+        try:
+            cfg = self._validated_config(configs)
+        except InvalidConfigError:
+            self._forget(name, parts)
+            raise
+        for plog in parts:
+            if plog.config != cfg:
+                plog.set_config(cfg)
         info = TopicInfo(name, uuid.uuid4(), len(parts), {k: v for k, v in configs.items() if v is not None},
                          internal)
         for plog in parts:
