@@ -267,13 +267,16 @@ class TransactionCoordinator:
 
     def markers_written(self, transactional_id: str, producer_id: int, producer_epoch: int,
                         commit: bool) -> TxnResult:
-        """Second phase: every marker is in place; record Complete*."""
+        """Second phase: every marker is in place; record Complete*. The record keeps the
+        transaction's start time (Kafka's prepareComplete): DescribeTransactions and the duration
+        filter of ListTransactions report it until the next transaction starts or an
+        InitProducerId resets it to -1."""
         meta = self.transactions.get(transactional_id)
         expected = S.PREPARE_COMMIT if commit else S.PREPARE_ABORT
         if meta is None or meta.state is not expected or meta.producer_id != producer_id:
             return TxnResult()
         new = meta.transition(S.COMPLETE_COMMIT if commit else S.COMPLETE_ABORT, topic_partitions=frozenset(),
-                              txn_start_timestamp_ms=-1, txn_last_update_timestamp_ms=self.clock.now_ms())
+                              txn_last_update_timestamp_ms=self.clock.now_ms())
         return TxnResult(producer_id=new.producer_id, producer_epoch=new.producer_epoch, records=[_record(new)],
                          durable=False)
 
@@ -392,10 +395,15 @@ class TransactionCoordinator:
 
     # --- KIP-664 admin views --------------------------------------------------------------------
     def describe_transactions(self, transactional_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """Kafka's handleDescribeTransactions: INVALID_REQUEST for an empty id,
+        TRANSACTIONAL_ID_NOT_FOUND for an unknown (or Dead) one, else its state."""
         out = []
         for tid in transactional_ids:
             meta = self.transactions.get(tid)
-            if meta is None:
+            if not tid:
+                out.append({"error_code": ErrorCode.invalid_request, "transactional_id": tid})
+                continue
+            if meta is None or meta.state is S.DEAD:
                 out.append({"error_code": ErrorCode.transactional_id_not_found, "transactional_id": tid})
                 continue
             by_topic: dict[str, list[int]] = {}
@@ -410,17 +418,24 @@ class TransactionCoordinator:
 
     def list_transactions(self, state_filters: Iterable[str] = (), producer_id_filters: Iterable[int] = (),
                           duration_filter_ms: int = -1) -> list[dict[str, Any]]:
+        """Kafka's listTransactionStates. Dead ids are never listed. A non-empty ``state_filters``
+        keeps the ids whose state is named in it: names of no state (the caller reports them as
+        unknown) match nothing, so a filter of unknown names only lists nothing. A
+        ``duration_filter_ms`` >= 0 keeps the ids whose last transaction started more than that
+        long ago, whatever their state (a completed one keeps its start time; an id with none, -1,
+        always passes)."""
         states = set(state_filters)
         pids = set(producer_id_filters)
         now = self.clock.now_ms()
         out = []
         for meta in self.transactions.values():
-            if states and meta.state.value not in states:
+            if meta.state is S.DEAD:
                 continue
             if pids and meta.producer_id not in pids:
                 continue
-            if duration_filter_ms >= 0 and (meta.state is not S.ONGOING or
-                                            now - meta.txn_start_timestamp_ms < duration_filter_ms):
+            if states and meta.state.value not in states:
+                continue
+            if duration_filter_ms >= 0 and now - meta.txn_start_timestamp_ms <= duration_filter_ms:
                 continue
             out.append({"transactional_id": meta.transactional_id, "producer_id": meta.producer_id,
                         "transaction_state": meta.state.value})

@@ -14,6 +14,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from oncelog.coordinator.transaction.state import TransactionState
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request, td_ms
 from oncelog.server.authz import Op, R, allowed, idempotent_write_allowed
@@ -166,13 +167,14 @@ def handle_describe_transactions(broker: Broker, req: Request) -> dict[str, Any]
 
 
 def handle_list_transactions(broker: Broker, req: Request) -> dict[str, Any]:
+    """Kafka's handleListTransactionsRequest: the coordinator's list, filtered by every name given
+    (a name of no state matches nothing, and is echoed in ``unknown_state_filters``), keeping the ids
+    the caller may DESCRIBE."""
     body = req.body
-    known = {"Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort", "Dead",
-             "PrepareEpochFence"}
-    unknown = [s for s in body.state_filters if s not in known]
+    known = {s.value for s in TransactionState}
+    unknown = list(dict.fromkeys(s for s in body.state_filters if s not in known))
     listed = broker.coordination.txn.list_transactions(
-        [s for s in body.state_filters if s in known], body.producer_id_filters,
-        getattr(body, "duration_filter", -1))
+        body.state_filters, body.producer_id_filters, getattr(body, "duration_filter", -1))
     listed = [t for t in listed if allowed(broker, req, Op.DESCRIBE, R.TRANSACTIONAL_ID, t["transactional_id"])]
     return {"throttle_time": 0, "error_code": ErrorCode.none, "unknown_state_filters": unknown,
             "transaction_states": listed}
