@@ -5,6 +5,7 @@ starts. A leaf module: it imports nothing of ours, so every layer may use it."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Sequence
 
 
@@ -16,9 +17,12 @@ def _converted(kind: Callable[[str], float], text: str, expected: str) -> float:
 
 
 def positive(kind: Callable[[str], float]) -> Callable[[str], float]:
-    """A number of ``kind`` (``int`` or ``float``) greater than 0."""
+    """A finite number of ``kind`` (``int`` or ``float``) greater than 0 (``nan`` and ``inf`` are
+    refused: ``nan <= 0`` is false, so a bare comparison let them through)."""
     def parse(text: str) -> float:
         value = _converted(kind, text, "a number")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
         return value

@@ -58,6 +58,8 @@ def test_broker_command_that_does_not_start_exits_2(command: str, why: str) -> N
 @pytest.mark.parametrize(("args", "why"), [
     (["--duration", "-1"], "must be positive"),
     (["--duration", "soon"], "expected a number"),
+    (["--duration", "nan"], "expected a finite number"),
+    (["--drain-timeout", "nan"], "expected a finite number"),
     (["--processes", "0"], "must be positive"),
     (["--copiers", "-2"], "must not be negative"),
     (["--faults", "drop,nonsense"], "unknown faults"),
