@@ -5,10 +5,11 @@ Who runs what:
   partition log): it picks the filthiest compacted log, snapshots what the cleaning needs into an
   immutable :class:`CleanJob`, and later swaps the result in (``PartitionLog.replace_segments``,
   no await in between, so no request sees half a swap) and records the cleaner checkpoint.
-- :func:`clean` runs on a cleaner thread (``server.broker`` owns the pool). It reads only segments
-  that are immutable and already flushed (below the recovery point, not the active one) through its
-  own file descriptors, and writes only new ``<base>.*.cleaned`` files (each fsynced) through
-  ``fileio.fs``. It never touches a ``PartitionLog``.
+- :func:`clean` runs one step of a cleaning on a cleaner thread (``server.broker`` owns the pool;
+  the next step is the next job :meth:`LogCleanerManager.grab_filthiest` hands out). It reads only
+  segments that are immutable and already flushed (below the recovery point, not the active one)
+  through its own file descriptors, and writes only new ``<base>.*.cleaned`` files (each fsynced)
+  through ``fileio.fs``. It never touches a ``PartitionLog``.
 - Aborting (topic deleted, broker stopping) takes the job's lock and marks it cancelled: the thread
   creates files only while holding that lock after checking the flag, so after an abort it creates
   none (it stops at its next check; writes to already-open files land in unlinked inodes).
@@ -25,7 +26,11 @@ A cleaning (Kafka's ``Cleaner.doClean``):
 3. *Rewrite* every segment from the log's first up to the end of the map, in groups whose total
    size fits ``segment.bytes`` (Kafka's ``groupSegmentsBySize``). A record survives if it lies past
    the map, or is the newest for its key and is not an expired tombstone. Batches keep their base
-   offset and ``last_offset_delta`` (so offsets never change and gaps appear).
+   offset and ``last_offset_delta`` (so offsets never change and gaps appear). The rewrite goes in
+   *steps*: one writes the groups whose copies fit the free space above ``log_dir_min_free_bytes``
+   (at least one), they are swapped in, and the next step goes on with the same offset map and
+   transaction state (:class:`CleaningProgress`), so a cleaning needs room for about one group, as
+   Kafka's, which replaces each group's segments as it goes.
 4. *Transactions* (Kafka's ``CleanedTransactionMetadata``): every record of an aborted transaction
    is removed; a COMMIT/ABORT marker is kept while any batch of its transaction is kept, then gets a
    delete horizon and is removed once that passed; an ABORT marker that is kept keeps its entry in
@@ -101,6 +106,12 @@ class SourceSegment:
     next_offset: int
     index_bytes: int
     time_index_bytes: int
+    txn_index_bytes: int = 0
+
+    @property
+    def copy_bytes(self) -> int:
+        """The most a cleaned copy of this segment takes on disk (data and the three indexes)."""
+        return self.size + self.index_bytes + self.time_index_bytes + self.txn_index_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +127,16 @@ class LastRecord:
 class CleanJob:
     """Everything a cleaning reads, captured on the loop thread; the thread sees only plain data.
 
-    ``plog`` and ``old_segments`` are for the loop thread (the swap); the thread must not use them.
+    ``plog``, ``old_segments`` and ``swapped_before`` are for the loop thread (the swap); the
+    thread must not use them. ``old_segments[i]`` is the segment ``segments[i]`` describes.
+
+    A cleaning may take several *steps* (jobs), each swapping in the groups it rewrote before the
+    next one starts, so that it needs free space for about one group, not for a copy of the whole
+    log (Kafka's ``Cleaner.doClean`` replaces each group's segments as it goes). A step writes at
+    most ``max_write_bytes`` (the free space above ``log_dir_min_free_bytes`` when it was handed
+    out) and at least one group. The next step's job carries ``progress`` (the offset map, the
+    groups left, the transaction state of the filter), the segments left, and ``swapped_before``:
+    the segments the earlier steps swapped in, the log's prefix up to this step's segments.
     """
 
     plog: PartitionLog
@@ -134,6 +154,9 @@ class CleanJob:
     index_interval_bytes: int
     max_map_entries: int
     max_bytes_per_second: float = float("inf")
+    max_write_bytes: float = float("inf")
+    swapped_before: list[LogSegment] = field(default_factory=list)
+    progress: CleaningProgress | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     cancelled: bool = False
     created: list[Path] = field(default_factory=list)
@@ -167,11 +190,12 @@ class CleanedSegment:
 class CleanResult:
     segments: list[CleanedSegment]
     replaced: int  # how many of the job's segments the cleaned ones replace (a prefix)
-    end_offset: int  # the new cleaner checkpoint: everything below it is clean
+    end_offset: int  # the end of what this step rewrote (the whole cleaning's: the new checkpoint)
     bytes_read: int = 0
     bytes_written: int = 0
     records_removed: int = 0
     elapsed_s: float = 0.0
+    remaining: CleaningProgress | None = None  # the cleaning's next step (None: this was its last)
 
     @property
     def groups(self) -> list[segment_swap.SwapGroup]:
@@ -264,7 +288,8 @@ def _build_offset_map(job: CleanJob, aborted: _AbortedIndex, throttle: _Throttle
     return offsets, end
 
 
-def _group_segments(job: CleanJob, segments: list[SourceSegment]) -> list[list[SourceSegment]]:
+def _group_segments(segments: list[SourceSegment] | tuple[SourceSegment, ...], segment_bytes: int,
+                    segment_index_bytes: int) -> list[list[SourceSegment]]:
     """Kafka's groupSegmentsBySize: consecutive segments whose data and indexes fit one segment,
     and whose offsets stay within an int32 of the group's base (index entries are relative)."""
     groups: list[list[SourceSegment]] = []
@@ -273,9 +298,9 @@ def _group_segments(job: CleanJob, segments: list[SourceSegment]) -> list[list[S
         group = [segments[i]]
         size, index, tindex = segments[i].size, segments[i].index_bytes, segments[i].time_index_bytes
         i += 1
-        while i < len(segments) and size + segments[i].size <= job.segment_bytes and \
-                index + segments[i].index_bytes <= job.segment_index_bytes and \
-                tindex + segments[i].time_index_bytes <= job.segment_index_bytes and \
+        while i < len(segments) and size + segments[i].size <= segment_bytes and \
+                index + segments[i].index_bytes <= segment_index_bytes and \
+                tindex + segments[i].time_index_bytes <= segment_index_bytes and \
                 segments[i].next_offset - 1 - group[0].base_offset <= _INT32_MAX:
             group.append(segments[i])
             size += segments[i].size
@@ -342,6 +367,11 @@ class _Output:
                     b"".join(_TXN_ENTRY.pack(a.producer_id, a.first_offset, a.last_offset, a.last_stable_offset)
                              for a in self.aborted))
 
+    @property
+    def bytes_on_disk(self) -> int:
+        return self.size + _OFFSET_ENTRY.size * len(self.offset_entries) + \
+            _TIME_ENTRY.size * len(self.time_entries) + _TXN_ENTRY.size * len(self.aborted)
+
     def close(self) -> None:
         if self._fd >= 0:
             fileio.fs.close(self._fd)
@@ -356,7 +386,7 @@ class _Filter:
     """Decides, batch by batch in offset order, what of the rewritten range survives."""
 
     def __init__(self, job: CleanJob, offsets: dict[bytes, int], map_end: int, aborted: _AbortedIndex) -> None:
-        self.job = job
+        self.last_records = job.last_records
         self.offsets = offsets
         self.map_end = map_end
         self.aborted = aborted
@@ -367,7 +397,7 @@ class _Filter:
         self.records_removed = 0
 
     def _is_last_of_producer(self, header: rb.BatchHeader) -> bool:
-        last = self.job.last_records.get(header.producer_id)
+        last = self.last_records.get(header.producer_id)
         if last is None:
             return False
         if last.last_data_offset is not None:
@@ -455,20 +485,51 @@ def _write_file(job: CleanJob, path: Path, data: bytes) -> None:
         fileio.fs.close(fd)
 
 
+@dataclass
+class CleaningProgress:
+    """What a cleaning in several steps carries from one step to the next (thread side): the
+    offset map and where it ends, the groups still to rewrite, and the filter with its transaction
+    state (Kafka's ``CleanedTransactionMetadata`` lives across the groups of one cleaning). Only
+    the thread running a step changes it; the loop thread reads ``groups`` between steps."""
+
+    filt: _Filter
+    map_end: int
+    groups: list[list[SourceSegment]]
+    aborted_by_marker: dict[tuple[int, int], AbortedTxn]
+
+    @property
+    def next_group_bytes(self) -> int:
+        return sum(s.copy_bytes for s in self.groups[0]) if self.groups else 0
+
+
 def clean(job: CleanJob) -> CleanResult:
-    """Clean ``job`` (a cleaner thread): write the ``.cleaned`` files, return what to swap in."""
+    """Run one step of a cleaning (a cleaner thread): write the ``.cleaned`` files of the groups
+    that fit ``job.max_write_bytes`` (at least one), return what to swap in and what is left."""
     started = time.monotonic()
     throttle = _Throttler(job.max_bytes_per_second)
-    aborted = _AbortedIndex(job.aborted)
-    offsets, map_end = _build_offset_map(job, aborted, throttle)
-    rewrite = [s for s in job.segments if s.base_offset < map_end]
-    filt = _Filter(job, offsets, map_end, aborted)
+    progress = job.progress
+    if progress is None:
+        aborted = _AbortedIndex(job.aborted)
+        offsets, map_end = _build_offset_map(job, aborted, throttle)
+        rewrite = [s for s in job.segments if s.base_offset < map_end]
+        progress = CleaningProgress(_Filter(job, offsets, map_end, aborted), map_end,
+                                    _group_segments(rewrite, job.segment_bytes, job.segment_index_bytes),
+                                    {(a.producer_id, a.last_offset): a for a in job.aborted})
+    filt = progress.filt
+    removed_before = filt.records_removed
     outputs: list[_Output] = []
-    aborted_by_marker = {(a.producer_id, a.last_offset): a for a in job.aborted}
-    result = CleanResult([], len(rewrite), map_end)
+    result = CleanResult([], 0, progress.map_end)
+    written = 0
     out: _Output | None = None
     try:
-        for group in _group_segments(job, rewrite):
+        while progress.groups:
+            group = progress.groups[0]
+            # A step ends before a group whose worst case would not fit (what is done is swapped in
+            # first), never between two segments with the same base: a roll of an empty active
+            # segment leaves two, one file, and the swap would unlink the file of the one left.
+            if result.replaced and written + sum(s.copy_bytes for s in group) > job.max_write_bytes and \
+                    group[0].base_offset != job.segments[result.replaced - 1].base_offset:
+                break
             out = _Output(job, group[0].base_offset, group[-1].next_offset, [s.base_offset for s in group])
             for seg in group:
                 result.bytes_read += seg.size
@@ -477,23 +538,32 @@ def clean(job: CleanJob) -> CleanResult:
                     if kept is not None:
                         kept_header = rb.read_header(kept)
                         out.add(kept, kept_header.base_offset, kept_header.max_timestamp)
-            out.aborted = [aborted_by_marker[k] for k in sorted(filt.kept_abort_markers, key=lambda k: k[1])
-                           if out.base_offset <= k[1] < out.next_offset and k in aborted_by_marker]
+            out.aborted = [progress.aborted_by_marker[k]
+                           for k in sorted(filt.kept_abort_markers, key=lambda k: k[1])
+                           if out.base_offset <= k[1] < out.next_offset and k in progress.aborted_by_marker]
             if out.size == 0 and outputs:
                 out.discard()  # an emptied group joins the segment before it
                 outputs[-1].next_offset = out.next_offset
                 outputs[-1].old_bases += out.old_bases
             else:
                 out.finish()
+                written += out.bytes_on_disk
                 outputs.append(out)
             out = None
+            progress.groups.pop(0)
+            result.replaced += len(group)
+            result.end_offset = min(group[-1].next_offset, progress.map_end)
     finally:
         if out is not None:
             out.close()
+    if progress.groups:
+        result.remaining = progress
+    else:
+        result.end_offset = progress.map_end
     for o in outputs:
         result.segments.append(CleanedSegment(o.base_offset, o.next_offset, o.old_bases, o.size, len(o.aborted)))
         result.bytes_written += o.size
-    result.records_removed = filt.records_removed
+    result.records_removed = filt.records_removed - removed_before
     result.elapsed_s = time.monotonic() - started
     return result
 
@@ -521,6 +591,20 @@ def _first_batch_timestamp(seg: LogSegment) -> int:
     return rb.read_header(head).max_timestamp if len(head) == rb.HEADER_SIZE else -1
 
 
+def _sources(segments: Iterable[LogSegment]) -> tuple[SourceSegment, ...]:
+    return tuple(SourceSegment(s.base_offset, s.path, s.size, s.next_offset,
+                               _OFFSET_ENTRY.size * len(s.offset_index.positions),
+                               _TIME_ENTRY.size * len(s.time_index.timestamps),
+                               _TXN_ENTRY.size * len(s.txn_index.entries))
+                 for s in segments)
+
+
+def _free_bytes(directory: Path) -> int | None:
+    """Free bytes of the file system holding ``directory`` (None: it reports no size)."""
+    st = os.statvfs(directory)
+    return None if st.f_blocks == 0 else st.f_bavail * st.f_frsize
+
+
 class LogCleanerManager:
     """Which logs to clean, the jobs in flight, the cleaner checkpoints (Kafka's LogCleanerManager).
 
@@ -529,12 +613,19 @@ class LogCleanerManager:
     marks it uncleanable), with the reason logged.
 
     A cleaning writes a copy of what it cleans, as large as its input at worst, so it keeps
-    ``log_dir_min_free_bytes`` as a client's append does: a log whose cleaning would eat into it is
-    put off (not chosen, tried again at the next pass), and a cleaning the disk refuses anyway
-    (ENOSPC, EDQUOT) is dropped and tried again later, not marked uncleanable. Before, a client
-    filling a compacted topic of unique keys to the bound made the cleaner take the rest of the
-    disk, then left the log uncleanable until a restart; any broker write at that moment (the
-    recovery-point checkpoint, a marker) would have stopped the broker.
+    ``log_dir_min_free_bytes`` as a client's append does. It goes in steps (see :class:`CleanJob`):
+    each writes what fits in the free space above that bound (at least one group of segments,
+    ``segment.bytes``), is swapped in, and frees the old segments before the next step starts;
+    the next step of a log's cleaning goes before any other cleaning. A step whose first group
+    would eat into the bound is put off (not chosen, tried again at the next pass), and a step the
+    disk refuses anyway (ENOSPC, EDQUOT) drops the cleaning (what earlier steps swapped in stays)
+    and it is tried again later, not marked uncleanable. Before, a client filling a compacted topic
+    of unique keys to the bound made the cleaner take the rest of the disk, then left the log
+    uncleanable until a restart; any broker write at that moment (the recovery-point checkpoint, a
+    marker) would have stopped the broker. And until 2026-11-28 a cleaning copied the whole
+    cleanable log before swapping anything in and was put off unless all of it fit: a log whose
+    dirty part outgrew the free space (an open transaction held the LSO meanwhile) was never
+    cleaned again, and the disk filled.
     """
 
     def __init__(self, config: CleanerConfig) -> None:
@@ -542,11 +633,30 @@ class LogCleanerManager:
         self.in_progress: dict[PartitionLog, CleanJob] = {}
         self.uncleanable: dict[str, str] = {}
         self._checkpoints: dict[PartitionLog, int] = {}
+        # The next step of each cleaning that has more to do (swapped in up to its ``swapped_before``).
+        self._next_steps: dict[PartitionLog, CleanJob] = {}
         self.cleanings = 0
 
     @staticmethod
     def _put_off(name: str, why: str) -> None:
         storage_refused(DiskFullError(f"{name}: cleaning put off: {why}"))
+
+    @staticmethod
+    def _write_budget(plog: PartitionLog) -> float:
+        """How much a step may write now: the free space above ``log_dir_min_free_bytes``."""
+        free = _free_bytes(plog.directory)
+        return float("inf") if free is None else free - max(plog.dir_state.min_free_bytes, 0)
+
+    def _room_refused(self, plog: PartitionLog, group_bytes: int) -> str | None:
+        """Why a step whose first group copies to ``group_bytes`` at most may not start now."""
+        if (refused := plog.dir_state.client_write_refused(plog.directory, group_bytes)) is not None:
+            return refused
+        budget = self._write_budget(plog)
+        if group_bytes > budget:
+            return (f"not enough free space in {plog.directory.parent} for a group of {group_bytes} bytes: "
+                    f"{budget + max(plog.dir_state.min_free_bytes, 0):.0f} bytes free, "
+                    f"{plog.dir_state.min_free_bytes} kept for the broker's own records (log_dir_min_free_bytes)")
+        return None
 
     # --- checkpoints ---------------------------------------------------------------------------
     def checkpoint(self, plog: PartitionLog) -> int | None:
@@ -593,19 +703,25 @@ class LogCleanerManager:
         return LogToClean(plog, cleanable, first_dirty, clean_bytes, dirty_bytes, forced)
 
     def grab_filthiest(self, logs: Iterable[PartitionLog], now_ms: int) -> CleanJob | None:
-        """The job for the dirtiest eligible compacted log, marked in progress; None if none is due."""
+        """The job for the dirtiest eligible compacted log, marked in progress; None if none is due.
+        The next step of a cleaning already under way goes first."""
+        logs = list(logs)
+        for plog in logs:
+            if plog in self._next_steps and (job := self._next_step(plog, check_room=True)) is not None:
+                return job
         best: LogToClean | None = None
         for plog in logs:
-            if not plog.config.compact or plog in self.in_progress or plog.name in self.uncleanable or \
-                    plog.dir_state.offline_reason is not None:
+            if not plog.config.compact or plog in self.in_progress or plog in self._next_steps or \
+                    plog.name in self.uncleanable or plog.dir_state.offline_reason is not None:
                 continue
             ltc = self.log_to_clean(plog, now_ms)
             if ltc.dirty_bytes <= 0 or not (ltc.forced or ltc.cleanable_ratio > plog.config.min_cleanable_dirty_ratio):
                 continue
             if best is not None and ltc.cleanable_ratio <= best.cleanable_ratio:
                 continue
-            copy_bytes = sum(seg.size for seg in ltc.segments)  # the most a cleaning writes
-            if (refused := plog.dir_state.client_write_refused(plog.directory, copy_bytes)) is not None:
+            groups = _group_segments(_sources(ltc.segments), plog.config.segment_bytes, plog.config.segment_index_bytes)
+            first_group = sum(s.copy_bytes for s in groups[0]) if groups else 0  # the least a step writes
+            if (refused := self._room_refused(plog, first_group)) is not None:
                 self._put_off(plog.name, refused)
                 continue
             best = ltc
@@ -614,57 +730,95 @@ class LogCleanerManager:
         return self._job(best, now_ms)
 
     def job_for(self, plog: PartitionLog, now_ms: int) -> CleanJob | None:
-        """A job cleaning ``plog`` now whatever its dirty ratio (tests, and an operator's request)."""
+        """A job cleaning ``plog`` now whatever its dirty ratio (tests, and an operator's request):
+        the next step of its cleaning if one is under way."""
         if plog in self.in_progress:
             return None
+        if plog in self._next_steps:
+            return self._next_step(plog, check_room=False)
         ltc = self.log_to_clean(plog, now_ms)
         return self._job(ltc, now_ms) if ltc.segments and ltc.dirty_bytes > 0 else None
 
     def _job(self, ltc: LogToClean, now_ms: int) -> CleanJob:
         plog = ltc.plog
         cfg = plog.config
-        sources = tuple(SourceSegment(s.base_offset, s.path, s.size, s.next_offset, 8 * len(s.offset_index.positions),
-                                      12 * len(s.time_index.timestamps)) for s in ltc.segments)
         last_records = {pid: LastRecord(e.batches[-1].last_offset if e.batches else None, e.producer_epoch)
                         for pid, e in plog.producer_state.producers.items()}
         job = CleanJob(
             plog=plog, old_segments=list(ltc.segments), directory=plog.directory, name=plog.name,
-            segments=sources, first_dirty_offset=ltc.first_dirty_offset,
+            segments=_sources(ltc.segments), first_dirty_offset=ltc.first_dirty_offset,
             aborted=tuple(e for s in plog.segments for e in s.txn_index.entries),
             last_records=last_records, now_ms=now_ms, delete_retention_ms=cfg.delete_retention_ms,
             segment_bytes=cfg.segment_bytes, segment_index_bytes=cfg.segment_index_bytes,
             index_interval_bytes=cfg.index_interval_bytes, max_map_entries=self.config.max_map_entries,
-            max_bytes_per_second=self.config.io_max_bytes_per_second / max(self.config.threads, 1))
+            max_bytes_per_second=self.config.io_max_bytes_per_second / max(self.config.threads, 1),
+            max_write_bytes=self._write_budget(plog))
         self.in_progress[plog] = job
         log.debug("%s: cleaning [%d, %d), dirty ratio %.2f%s", plog.name, ltc.first_dirty_offset,
                   job.first_uncleanable_offset, ltc.cleanable_ratio, " (max.compaction.lag.ms)" if ltc.forced else "")
         return job
 
+    def _next_step(self, plog: PartitionLog, *, check_room: bool) -> CleanJob | None:
+        """The next step of ``plog``'s cleaning, marked in progress; None if there is no room for
+        its first group now (put off) or the log went away or stopped compacting (the cleaning is
+        dropped; what earlier steps swapped in stays)."""
+        job = self._next_steps[plog]
+        if plog.removed or plog.dir_state.offline_reason is not None or not plog.config.compact:
+            del self._next_steps[plog]
+            return None
+        assert job.progress is not None
+        if check_room and (refused := self._room_refused(plog, job.progress.next_group_bytes)) is not None:
+            self._put_off(plog.name, refused)
+            return None
+        del self._next_steps[plog]
+        job.max_write_bytes = self._write_budget(plog)
+        self.in_progress[plog] = job
+        return job
+
     # --- results ---------------------------------------------------------------------------------
     def complete(self, job: CleanJob, result: CleanResult) -> bool:
-        """Swap a finished cleaning in (loop thread); False if it became stale and was dropped."""
+        """Swap a finished step in (loop thread); False if it became stale and the cleaning was
+        dropped. A step with more to do leaves the cleaning's next step to :meth:`grab_filthiest`."""
         if self.in_progress.get(job.plog) is job:
             del self.in_progress[job.plog]
         plog = job.plog
         if job.cancelled:
             return False
         old = job.old_segments[:result.replaced]
-        swapped = plog.replace_segments(
-            old, [(s.base_offset, s.next_offset, s.aborted_entries) for s in result.segments], result.groups)
+        # The earlier steps' segments stay as they are; they go through the swap (which replaces a
+        # prefix of the log) unchanged, none of their files touched.
+        kept = [(s.base_offset, s.next_offset, len(s.txn_index.entries)) for s in job.swapped_before]
+        cleaned = [(s.base_offset, s.next_offset, s.aborted_entries) for s in result.segments]
+        swapped = plog.replace_segments(job.swapped_before + old, kept + cleaned, result.groups)
         if not swapped:
             segment_swap.discard(job.directory, [s.base_offset for s in result.segments])
             log.info("%s: dropped a cleaning: segments were deleted while it ran", plog.name)
             return False
-        self._set_checkpoint(plog, result.end_offset)
-        self.cleanings += 1
-        log.info("%s: cleaned [%d, %d) into %d segment(s): %d -> %d bytes, %d record(s) removed, %.2f s",
+        # Everything below the end of a step is clean (deduplicated against a map that covers it), so
+        # the checkpoint may move as soon as a step reaches into the dirty range.
+        if result.remaining is None or result.end_offset > max(job.first_dirty_offset, self.checkpoint(plog) or 0):
+            self._set_checkpoint(plog, result.end_offset)
+        done = len(job.swapped_before) + len(result.segments)
+        if result.remaining is not None:
+            self._next_steps[plog] = CleanJob(
+                plog=plog, old_segments=job.old_segments[result.replaced:], directory=job.directory, name=job.name,
+                segments=job.segments[result.replaced:], first_dirty_offset=job.first_dirty_offset,
+                aborted=job.aborted, last_records=job.last_records, now_ms=job.now_ms,
+                delete_retention_ms=job.delete_retention_ms, segment_bytes=job.segment_bytes,
+                segment_index_bytes=job.segment_index_bytes, index_interval_bytes=job.index_interval_bytes,
+                max_map_entries=job.max_map_entries, max_bytes_per_second=job.max_bytes_per_second,
+                swapped_before=plog.segments[:done], progress=result.remaining)
+        else:
+            self.cleanings += 1
+        log.info("%s: cleaned [%d, %d) into %d segment(s): %d -> %d bytes, %d record(s) removed, %.2f s%s",
                  plog.name, old[0].base_offset, result.end_offset, len(result.segments), result.bytes_read,
-                 result.bytes_written, result.records_removed, result.elapsed_s)
+                 result.bytes_written, result.records_removed, result.elapsed_s,
+                 "" if result.remaining is None else " (one step: the rest follows once it is swapped in)")
         return True
 
     def failed(self, job: CleanJob, exc: BaseException) -> None:
-        """The cleaning raised (loop thread): drop its files; unless it was aborted, leave the log
-        alone until a restart (Kafka's uncleanable partitions)."""
+        """The cleaning raised (loop thread): drop its files (what earlier steps swapped in stays);
+        unless it was aborted, leave the log alone until a restart (Kafka's uncleanable partitions)."""
         if self.in_progress.get(job.plog) is job:
             del self.in_progress[job.plog]
         if job.cancelled:
@@ -684,16 +838,18 @@ class LogCleanerManager:
         job = self.in_progress.pop(plog, None)
         if job is not None:
             job.cancel()
+        self._next_steps.pop(plog, None)
         self._checkpoints.pop(plog, None)
 
     def abort_all(self) -> None:
-        for plog in list(self.in_progress):
+        for plog in list(self.in_progress) + list(self._next_steps):
             self.abort(plog)
 
     def clean_now(self, logs: Iterable[PartitionLog], now_ms: int, *, force: bool = False) -> int:
         """Clean on the calling thread until no log is due (``force``: each log once, whatever its
-        ratio); returns how many cleanings were swapped in. For tests and tools: the broker runs
-        :func:`clean` on its cleaner threads instead."""
+        ratio, every step of it); returns how many steps were swapped in (one per cleaning unless
+        the free space split it). For tests and tools: the broker runs :func:`clean` on its
+        cleaner threads instead."""
         done = 0
         pending = list(logs)
         while True:
@@ -711,3 +867,5 @@ class LogCleanerManager:
                 self.failed(job, exc)
                 raise
             done += self.complete(job, result)
+            if force and job.plog in self._next_steps:
+                pending.insert(0, job.plog)  # its next step, before the next log
