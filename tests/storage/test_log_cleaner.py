@@ -147,6 +147,40 @@ def test_dirty_ratio_min_and_max_compaction_lag_decide_what_is_cleaned(tmp_path:
     assert c.clean_now([forced], clock.now_ms()) == 1
 
 
+def test_max_compaction_lag_counts_the_earliest_first_batch_of_any_dirty_segment(tmp_path: Path) -> None:
+    """Kafka's maxCompactionDelay: the minimum first-batch timestamp over every dirty non-active
+    segment, counting only timestamps > 0. Before, only the first dirty segment with a timestamp
+    >= 0 counted: records stamped in the past behind fresh ones (mirrored data) waited for the
+    ratio, and a batch stamped 0 forced a cleaning at every pass."""
+    hour = 3_600_000
+    clock = ManualClock(10_000_000_000)
+    now = clock.now_ms()
+    plog = compact_log(tmp_path / "a", clock, min_cleanable_dirty_ratio=0.99, max_compaction_lag_ms=hour)
+    for i in range(100):  # a big clean part keeps the dirty ratio low
+        plog.append(kv([(b"u%d" % i, b"x" * 100)], ts=now))
+    plog.roll()
+    plog.flush()
+    c = cleaner()
+    assert c.clean_now([plog], now, force=True) == 1
+    plog.append(kv([(b"k", b"zero")], ts=0))
+    plog.roll()
+    plog.append(kv([(b"k", b"fresh")], ts=now))
+    plog.roll()
+    plog.append(kv([(b"x", b"active")], ts=now))
+    plog.flush()
+    ltc = c.log_to_clean(plog, now)
+    assert ltc.cleanable_ratio < 0.99 and not ltc.forced  # stamped 0: no timestamp, as Kafka counts
+    assert c.clean_now([plog], now) == 0
+    plog.roll()
+    plog.append(kv([(b"k", b"old")], ts=now - 2 * hour))
+    plog.roll()
+    plog.append(kv([(b"x", b"active")], ts=now))
+    plog.flush()
+    assert c.log_to_clean(plog, now).forced  # the fourth dirty segment's first batch is two hours old
+    assert c.clean_now([plog], now) == 1
+    assert [r[2] for r in view(plog) if r[1] == b"k"] == [b"old"]
+
+
 def test_only_delete_policy_logs_lose_segments_to_retention(tmp_path: Path) -> None:
     clock = ManualClock(10 * DAY)
     for policy, expect_deleted in (("compact", 0), ("compact,delete", 2), ("delete", 2)):

@@ -578,7 +578,7 @@ class LogToClean:
     first_dirty_offset: int
     clean_bytes: int
     dirty_bytes: int
-    forced: bool  # max.compaction.lag.ms passed for the oldest dirty record
+    forced: bool  # max.compaction.lag.ms passed for the earliest first batch of a dirty segment
 
     @property
     def cleanable_ratio(self) -> float:
@@ -698,8 +698,11 @@ class LogCleanerManager:
         dirty_bytes = sum(s.size for s in dirty)
         forced = False
         if dirty and cfg.max_compaction_lag_ms < _LONG_MAX:
-            first_ts = next((t for t in (_first_batch_timestamp(s) for s in dirty if s.size) if t >= 0), -1)
-            forced = 0 <= first_ts < now_ms - cfg.max_compaction_lag_ms
+            # Kafka's maxCompactionDelay: the earliest first-batch timestamp of all dirty non-active
+            # segments (timestamps are not monotonic), counting only real ones (> 0).
+            stamps = [t for s in segs[:-1] if s.next_offset > first_dirty and s.size
+                      and (t := _first_batch_timestamp(s)) > 0]
+            forced = bool(stamps) and min(stamps) < now_ms - max(cfg.max_compaction_lag_ms, 0)
         return LogToClean(plog, cleanable, first_dirty, clean_bytes, dirty_bytes, forced)
 
     def grab_filthiest(self, logs: Iterable[PartitionLog], now_ms: int) -> CleanJob | None:
