@@ -127,8 +127,8 @@ class GroupCoordinator:
     # --- offsets ------------------------------------------------------------------------------------
     def offset_commit(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None,
                       offsets: list[OffsetToCommit]) -> OffsetCommitResult:
-        if not group_id:
-            return OffsetCommitResult({(t, p): ErrorCode.invalid_group_id for t, p, *_ in offsets})
+        """The empty group id is a group id like any other here, as in Kafka (which keeps offset
+        commits working for it, for backward compatibility)."""
         error = self.membership.validate_offset_commit(group_id, generation_id, member_id, group_instance_id,
                                                        transactional=False)
         if error != ErrorCode.none:

@@ -4,6 +4,11 @@ TxnOffsetCommit, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete.
 JoinGroup and SyncGroup wait for the rebalance: the coordinator calls back, which resolves a future
 this handler awaits. Records the coordinator returns go through ``Coordination.apply_group_records``
 (append to the group's ``__consumer_offsets`` partition, then replay) before the response is sent.
+
+The empty group id, as Kafka's GroupCoordinatorService takes it (after the authorization checks):
+JoinGroup, SyncGroup, Heartbeat, LeaveGroup, TxnOffsetCommit and OffsetDelete answer INVALID_GROUP_ID;
+OffsetCommit, OffsetFetch, DescribeGroups and DeleteGroups take it as any other group id (Kafka keeps
+them working on it for backward compatibility: a simple consumer may commit offsets under "").
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ async def handle_join_group(broker: Broker, req: Request) -> dict[str, Any]:
     c = broker.coordination
     if not allowed(broker, req, Op.READ, R.GROUP, b.group_id):
         return _join_body(JoinResult(ErrorCode.group_authorization_failed, member_id=b.member_id))
+    if not b.group_id:
+        return _join_body(JoinResult(ErrorCode.invalid_group_id, member_id=b.member_id))
     host = f"/{req.session.host}" if req.session is not None else "/127.0.0.1"
     # What the member would add to the group's record: ids, client id, host, every protocol's
     # metadata (base64 in our record). Past the disk space kept, no JoinGroup is let in: Kafka
@@ -69,9 +76,11 @@ async def handle_join_group(broker: Broker, req: Request) -> dict[str, Any]:
 async def handle_sync_group(broker: Broker, req: Request) -> dict[str, Any]:
     b = req.body
     c = broker.coordination
-    if not allowed(broker, req, Op.READ, R.GROUP, b.group_id):
-        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed, "protocol_type": None,
-                "protocol_name": None, "assignment": b""}
+    refused = ErrorCode.group_authorization_failed if not allowed(broker, req, Op.READ, R.GROUP, b.group_id) \
+        else ErrorCode.invalid_group_id if not b.group_id else None
+    if refused is not None:
+        return {"throttle_time": 0, "error_code": refused, "protocol_type": None, "protocol_name": None,
+                "assignment": b""}
     fut: asyncio.Future[SyncResult] = asyncio.get_running_loop().create_future()
 
     def respond(result: SyncResult) -> None:
@@ -96,6 +105,8 @@ def handle_heartbeat(broker: Broker, req: Request) -> dict[str, Any]:
     b = req.body
     if not allowed(broker, req, Op.READ, R.GROUP, b.group_id):
         return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed}
+    if not b.group_id:
+        return {"throttle_time": 0, "error_code": ErrorCode.invalid_group_id}
     code = broker.coordination.groups.heartbeat(b.group_id, b.generation_id, b.member_id,
                                                 getattr(b, "group_instance_id", None))
     return {"throttle_time": 0, "error_code": code}
@@ -106,6 +117,8 @@ def handle_leave_group(broker: Broker, req: Request) -> dict[str, Any] | Awaitab
     c = broker.coordination
     if not allowed(broker, req, Op.READ, R.GROUP, b.group_id):
         return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed, "members": []}
+    if not b.group_id:
+        return {"throttle_time": 0, "error_code": ErrorCode.invalid_group_id, "members": []}
     members: list[tuple[str, str | None]] = (
         [(m.member_id, m.group_instance_id) for m in b.members] if hasattr(b, "members") else [(b.member_id, None)])
     top, results = c.groups.leave_group(b.group_id, members)
@@ -207,6 +220,9 @@ def handle_txn_offset_commit(broker: Broker, req: Request) -> dict[str, Any] | A
     unknown.update(denied)
     if not known:
         return {"throttle_time": 0, "topics": _by_topic(_in_request_order(offsets, unknown))}
+    if not b.group_id:
+        return {"throttle_time": 0, "topics": _by_topic(
+            _in_request_order(offsets, unknown, {(t, p): ErrorCode.invalid_group_id for t, p, *_ in known}))}
     tp = c.offsets_partition_for(b.group_id)
     code = c.txn.is_partition_in_transaction(b.transactional_id, b.producer_id, b.producer_epoch, *tp)
     if code == ErrorCode.invalid_producer_epoch:
@@ -297,14 +313,24 @@ def handle_delete_groups(broker: Broker, req: Request) -> dict[str, Any] | Await
 
 
 def handle_offset_delete(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+    """Kafka's handleOffsetDeleteRequest: DELETE on the group, else GROUP_AUTHORIZATION_FAILED; per
+    partition TOPIC_AUTHORIZATION_FAILED without READ on its topic, UNKNOWN_TOPIC_OR_PARTITION if it
+    does not exist; the rest go to the coordinator. A group-level error (INVALID_GROUP_ID,
+    GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP) is the whole answer, with no partitions (Kafka's
+    OffsetDeleteResponse.Builder.merge)."""
     b = req.body
     c = broker.coordination
     if not allowed(broker, req, Op.DELETE, R.GROUP, b.group_id):
         return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed, "topics": []}
-    denied = {t.name for t in b.topics if not allowed(broker, req, Op.READ, R.TOPIC, t.name)}
-    top, errors, records = c.groups.offset_delete(b.group_id, [(t.name, p.partition_index) for t in b.topics
-                                                              for p in t.partitions if t.name not in denied])
-    errors.update({(t.name, p.partition_index): ErrorCode.topic_authorization_failed
-                   for t in b.topics if t.name in denied for p in t.partitions})
-    wait = c.apply_group_records(b.group_id, records) if records else None
-    return _answer_when_durable(wait, {"throttle_time": 0, "error_code": top, "topics": _by_topic(errors)})
+    if not b.group_id:
+        return {"throttle_time": 0, "error_code": ErrorCode.invalid_group_id, "topics": []}
+    requested = [(t.name, p.partition_index) for t in b.topics for p in t.partitions]
+    may = {t: allowed(broker, req, Op.READ, R.TOPIC, t) for t in {t for t, _ in requested}}
+    errors = {(t, p): ErrorCode.topic_authorization_failed if not may[t] else ErrorCode.unknown_topic_or_partition
+              for t, p in requested if not may[t] or broker.logs.get_partition(t, p) is None}
+    top, deleted, records = c.groups.offset_delete(b.group_id, [tp for tp in requested if tp not in errors])
+    if top != ErrorCode.none:
+        return {"throttle_time": 0, "error_code": top, "topics": []}
+    answer = {"throttle_time": 0, "error_code": ErrorCode.none,
+              "topics": _by_topic({tp: errors[tp] if tp in errors else deleted[tp] for tp in requested})}
+    return _answer_when_durable(c.apply_group_records(b.group_id, records) if records else None, answer)
