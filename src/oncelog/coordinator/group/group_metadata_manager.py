@@ -628,13 +628,17 @@ class GroupMetadataManager:
                 if g.state is not G.DEAD and (not wanted or g.state.value.lower() in wanted)]
 
     def describe_group(self, group_id: str) -> dict[str, Any]:
+        """Kafka's describeGroups: an unknown group is Dead; the protocol name and each member's
+        metadata are given only while the group is Stable (elsewhere the protocol is not settled:
+        Kafka's describeNoMetadata), the assignments in every state."""
         g = self.groups.get(group_id)
         if g is None:
             return {"error_code": ErrorCode.none, "group_id": group_id, "group_state": "Dead",
                     "protocol_type": "", "protocol_data": "", "members": []}
+        stable = g.state is G.STABLE
         return {"error_code": ErrorCode.none, "group_id": group_id, "group_state": g.state.value,
-                "protocol_type": g.protocol_type or "", "protocol_data": g.protocol_name or "",
+                "protocol_type": g.protocol_type or "", "protocol_data": (g.protocol_name or "") if stable else "",
                 "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id,
                              "client_id": m.client_id, "client_host": m.client_host,
-                             "member_metadata": m.metadata_for(g.protocol_name or ""),
+                             "member_metadata": m.metadata_for(g.protocol_name or "") if stable else b"",
                              "member_assignment": m.assignment} for m in g.members.values()]}
