@@ -72,6 +72,19 @@ def test_bad_options_exit_2_with_one_line(args: list[str], why: str) -> None:
     assert_cannot_run(verify(*args), why)
 
 
+@pytest.mark.parametrize(("args", "why"), [
+    (["--bootstrap", "127.0.0.1:1", "--faults", "broker-kill,broker-pause"],
+     "broker-kill,broker-pause need a broker that verify starts itself (--broker-cmd"),
+    (["--bootstrap", "127.0.0.1:1", "--no-proxy", "--faults", "drop,reset,delay,zombie"],
+     "delay,drop,reset need the fault proxy (not with --no-proxy)"),
+    (["--bootstrap", "127.0.0.1:1", "--no-txn", "--faults", "drop,zombie,crash"],
+     "crash,zombie replace transactional clients (not with --no-txn)"),
+])
+def test_faults_the_run_cannot_make_are_refused_up_front(args: list[str], why: str) -> None:
+    """They used to be skipped silently: the title named them, the stats said 0 faults, exit 0."""
+    assert_cannot_run(verify(*args), "--faults:", why)
+
+
 def test_unknown_option_exits_2() -> None:
     r = verify("--bootstrap", "127.0.0.1:1", "--no-such-option")
     assert r.returncode == 2 and "Traceback" not in r.stderr and "unrecognized arguments" in r.stderr

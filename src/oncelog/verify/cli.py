@@ -25,7 +25,14 @@ from oncelog.verify.checker import check
 from oncelog.verify.history import History, HistoryError
 from oncelog.verify.proxy import FaultProxy
 from oncelog.verify.report import print_table, write_html
-from oncelog.verify.workload import ALL_FAULTS, BrokerControl, Workload, WorkloadError
+from oncelog.verify.workload import (
+    ALL_FAULTS,
+    BrokerControl,
+    Workload,
+    WorkloadError,
+    default_faults,
+    unrunnable_faults,
+)
 
 EXIT_CLEAN, EXIT_ANOMALIES, EXIT_CANNOT_RUN = 0, 1, 2
 
@@ -49,8 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds the copiers get to catch up after the producers stop; the drain also ends "
                         "when their committed offsets stay still for min(this, 30) s (default 90)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--faults", default="drop,reset,delay,zombie,crash",
-                   help=f"comma-separated, from {','.join(ALL_FAULTS)}; 'none' for no faults")
+    p.add_argument("--faults",
+                   help=f"comma-separated, from {','.join(ALL_FAULTS)}; 'none' for no faults (default: "
+                        "drop,reset,delay unless --no-proxy, zombie,crash unless --no-txn); a fault this run "
+                        "cannot make is refused")
     p.add_argument("--txn", action=argparse.BooleanOptionalAction, default=True,
                    help="transactional producers and copiers (default) or idempotent producers only (--no-txn)")
     p.add_argument("--producers", type=count, default=3, help="transactional producers (default 3)")
@@ -155,11 +164,20 @@ class ManagedBroker:
                 self.proc.wait(10)
 
 
-def _faults(text: str) -> set[str]:
+def _faults(args: argparse.Namespace) -> set[str]:
+    """The faults to make: those named (each must be one this run can make: a fault skipped silently
+    would still be named in the title), or the default set for this configuration."""
+    if args.faults is None:
+        return default_faults(proxy=not args.no_proxy, txn=args.txn)
+    text = args.faults
     faults = set() if text == "none" else {f.strip() for f in text.split(",") if f.strip()}
     unknown = faults - set(ALL_FAULTS)
     if unknown:
         raise UsageError(f"unknown faults {sorted(unknown)}; choose from {', '.join(ALL_FAULTS)}")
+    if args.check is None:
+        why = unrunnable_faults(faults, proxy=not args.no_proxy, broker=bool(args.broker_cmd), txn=args.txn)
+        if why:
+            raise UsageError("--faults: " + "; ".join(why))
     return faults
 
 
@@ -211,7 +229,7 @@ def _write(path: Path, option: str, write: Callable[[Path], None]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    faults = _faults(args.faults)
+    faults = _faults(args)
     if args.check is not None:
         if args.bootstrap or args.broker_cmd:
             raise UsageError("--check reads a recorded history: give neither --bootstrap nor --broker-cmd")

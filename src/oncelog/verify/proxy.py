@@ -84,6 +84,11 @@ class FaultProxy:
         with self._lock:
             self._rules.append(DropRule(api_key, count, probability, reset))
 
+    def stop_dropping(self, api_key: int) -> None:
+        """Disarm what is left of the drop rules for ``api_key``."""
+        with self._lock:
+            self._rules = [r for r in self._rules if r.api_key != api_key]
+
     def set_delay_ms(self, delay_ms: int) -> None:
         with self._lock:
             self._delay_s = delay_ms / 1000

@@ -43,8 +43,32 @@ from oncelog.verify.history import Fault, History, HistoryError, Poll, parse_lin
 from oncelog.verify.proxy import API_ADD_PARTITIONS_TO_TXN, API_END_TXN, API_PRODUCE, FaultProxy
 from oncelog.verify.roles import Controls, RoleSpec, RunSpec, _record, client_conf, worker_main
 
-ALL_FAULTS = ("drop", "reset", "delay", "zombie", "crash", "broker-kill", "broker-pause")
+NETWORK_FAULTS = ("drop", "reset", "delay")  # made by the fault proxy
+CLIENT_FAULTS = ("zombie", "crash")  # made by the transactional clients themselves
+BROKER_FAULTS = ("broker-kill", "broker-pause")  # made to the broker process verify started
+ALL_FAULTS = (*NETWORK_FAULTS, *CLIENT_FAULTS, *BROKER_FAULTS)
 PARTITIONS = 3
+
+
+def default_faults(*, proxy: bool, txn: bool) -> set[str]:
+    """The faults a run makes when none are named: the network ones through the proxy, zombies and
+    crashes of transactional clients (the broker's are opt-in: they need --broker-cmd)."""
+    return {*(NETWORK_FAULTS if proxy else ()), *(CLIENT_FAULTS if txn else ())}
+
+
+def unrunnable_faults(faults: set[str], *, proxy: bool, broker: bool, txn: bool) -> list[str]:
+    """Why some of ``faults`` cannot be made in this configuration (empty: all of them can). Such a
+    request is refused before the run starts: it used to be skipped silently, and the run's title
+    named faults that never happened."""
+    why = []
+    chosen = set(faults)
+    if not proxy and (network := sorted(chosen & set(NETWORK_FAULTS))):
+        why.append(f"{','.join(network)} need the fault proxy (not with --no-proxy)")
+    if not broker and (brokers := sorted(chosen & set(BROKER_FAULTS))):
+        why.append(f"{','.join(brokers)} need a broker that verify starts itself (--broker-cmd, not --bootstrap)")
+    if not txn and (clients := sorted(chosen & set(CLIENT_FAULTS))):
+        why.append(f"{','.join(clients)} replace transactional clients (not with --no-txn)")
+    return why
 
 
 class WorkloadError(Exception):
@@ -81,6 +105,8 @@ def plan_processes(roles: list[RoleSpec], processes: int) -> list[list[RoleSpec]
 
 
 class Workload:
+    DROP_WINDOW_S = 0.5  # how long a drop fault's rule stays armed
+
     def __init__(self, bootstrap: str, *, duration_s: float, seed: int, faults: set[str], txn: bool = True,
                  proxy: FaultProxy | None = None, broker: BrokerControl | None = None,
                  producers: int = 3, copiers: int = 2, consumers: int = 2, processes: int = 3,
@@ -91,6 +117,9 @@ class Workload:
         self.duration_s = duration_s
         self.rng = random.Random(seed)
         self.seed = seed
+        why = unrunnable_faults(faults, proxy=proxy is not None, broker=broker is not None, txn=txn)
+        if why:
+            raise WorkloadError("cannot make the requested faults: " + "; ".join(why))
         self.faults = faults
         self.txn = txn
         self.proxy = proxy
@@ -146,10 +175,19 @@ class Workload:
                 return
 
     def _inject(self, kind: str, start: int, controls: Controls, targets: list[str]) -> None:
+        """Make one fault and record it, only if it happened: a fault that cannot be made raises (the
+        run is then incomplete), and a drop that found no response to drop is not counted."""
         if kind == "drop" and self.proxy is not None:
-            api = self.rng.choice([API_PRODUCE, API_PRODUCE, API_END_TXN, API_ADD_PARTITIONS_TO_TXN])
+            # EndTxn and AddPartitionsToTxn exist only in transactional runs.
+            apis = [API_PRODUCE, API_PRODUCE, *((API_END_TXN, API_ADD_PARTITIONS_TO_TXN) if self.txn else ())]
+            api = self.rng.choice(apis)
+            before = self.proxy.stats.dropped_by_api.get(api, 0)
             self.proxy.drop_responses(api, 2, probability=0.7)
-            self._fault("drop", start, start + 500, f"api {api}")
+            time.sleep(self.DROP_WINDOW_S)
+            self.proxy.stop_dropping(api)
+            dropped = self.proxy.stats.dropped_by_api.get(api, 0) - before
+            if dropped:
+                self._fault("drop", start, self.clock.ms(), f"api {api}: {dropped} response(s) dropped")
         elif kind == "reset" and self.proxy is not None:
             self.proxy.reset_connections()
             self._fault("reset", start, start + 50)
@@ -166,6 +204,8 @@ class Workload:
         elif kind == "broker-pause" and self.broker is not None:
             self.broker.pause(1.0)
             self._fault("broker-pause", start, self.clock.ms(), "SIGSTOP 1 s")
+        else:  # refused up front (unrunnable_faults); never skipped silently
+            raise WorkloadError(f"{kind} cannot be made in this run")
 
     # --- end of run ------------------------------------------------------------------------------
     def _consumer(self, group: str) -> Consumer:
