@@ -14,6 +14,7 @@ request path):
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,5 +142,38 @@ def test_a_topic_whose_overrides_a_change_made_meanwhile_invalidates_is_not_made
     assert BIG not in b.broker.logs.topics() and not b.broker.logs.is_being_created(BIG)
     assert not any(d.name.startswith(f"{BIG}-") for d in b.data_dir.iterdir())
     assert create_topics(b, topic(BIG, 2))[0].error_code == 0  # the name is free
+
+
+# --- non-dynamic broker configs -----------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["log.retention.hours", "log.retention.minutes", "log.roll.hours",
+                                  "log.roll.jitter.hours", "log.flush.scheduler.interval.ms",
+                                  "log.message.format.version"])
+def test_kafkas_non_dynamic_log_configs_are_refused(b: InProcessBroker, name: str) -> None:
+    value = "3.0" if name == "log.message.format.version" else "1"
+    for resource in ("", "1"):
+        code, msg = incremental(b, BROKER, resource, [(name, SET, value)])
+        assert code == ErrorCode.invalid_request and "Cannot update these configs dynamically" in (msg or "")
+    assert legacy(b, BROKER, "", {name: value}) == ErrorCode.invalid_request
+    assert b.broker.logs.broker_configs.cluster == {} and b.broker.logs.broker_configs.node == {}
+
+
+def test_the_dynamic_synonyms_still_apply(b: InProcessBroker) -> None:
+    b.create_topic("t")
+    assert incremental(b, BROKER, "", [("log.retention.ms", SET, "3600000"), ("log.roll.ms", SET, "60000")])[0] == 0
+    plog = b.broker.logs.get_partition("t", 0)
+    assert plog is not None and (plog.config.retention_ms, plog.config.segment_ms) == (3600000, 60000)
+    got = {c.name: c for c in describe(b, BROKER, "1").configs}
+    assert got["log.message.format.version"].read_only and not got["log.retention.ms"].read_only
+
+
+def test_a_non_dynamic_config_stored_by_an_older_version_can_be_left_or_deleted(b: InProcessBroker) -> None:
+    b.broker.close()
+    (b.data_dir / "__meta" / "broker-configs.json").write_text(
+        json.dumps({"node": {}, "cluster": {"log.retention.hours": "1"}}))
+    b.broker = b._open()
+    assert incremental(b, BROKER, "", [("log.retention.bytes", SET, "1000")])[0] == 0  # left as it is
+    assert incremental(b, BROKER, "", [("log.retention.hours", SET, "2")])[0] == ErrorCode.invalid_request
+    assert incremental(b, BROKER, "", [("log.retention.hours", DELETE, None)])[0] == 0
+    assert dict(b.broker.logs.broker_configs.cluster) == {"log.retention.bytes": "1000"}
 
 

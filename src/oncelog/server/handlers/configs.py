@@ -6,8 +6,10 @@ INVALID_CONFIG with Kafka's message. Broker configs (resource name = this node's
 values, "" for the cluster-wide default): the broker synonyms of topic configs (``log.retention.ms``,
 ``message.max.bytes``, ...) are dynamic and validated like the topic config they default; the
 broker's own static settings are refused (INVALID_REQUEST "Cannot update these configs
-dynamically", as Kafka); any other name is kept and described (as a secret, below), as Kafka keeps
-broker configs it does not act on. Broker validation errors are INVALID_REQUEST, as in
+dynamically", as Kafka), and so are Kafka's broker log configs that only a restart changes
+(``KAFKA_STATIC_LOG_CONFIGS``: ``log.retention.hours``, ``log.roll.hours``, ...), which would
+otherwise be kept without effect; any other name is kept and described (as a secret, below), as
+Kafka keeps broker configs it does not act on. Broker validation errors are INVALID_REQUEST, as in
 Kafka (KAFKA-13609).
 
 Secrets: a config whose type is PASSWORD or unknown (every broker config that is neither a topic
@@ -55,6 +57,19 @@ RESOURCE_BROKER_LOGGER = 8  # not supported; only its authorization (DESCRIBE_CO
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 _OP_NAMES = {OP_SET: "SET", OP_DELETE: "DELETE", OP_APPEND: "APPEND", OP_SUBTRACT: "SUBTRACT"}
 
+# Kafka's broker log configs (ServerLogConfigs) that are not dynamic (DynamicConfig.Broker.nonDynamicProps):
+# a topic config's lower-precedence synonyms (DynamicLogConfig.ReconfigurableConfigs holds only the
+# first synonym of each), the log format version (DynamicLogConfig.NonReconfigrableLogConfigs), and
+# the log manager's own settings. Kafka answers "Cannot update these configs dynamically"; kept
+# here, they would be accepted and never take effect (log.retention.hours=1 left retention.ms alone).
+KAFKA_STATIC_LOG_CONFIGS = frozenset({
+    "log.roll.hours", "log.roll.jitter.hours", "log.retention.minutes", "log.retention.hours",
+    "log.flush.scheduler.interval.ms", "log.message.format.version",
+    "log.flush.offset.checkpoint.interval.ms", "log.flush.start.offset.checkpoint.interval.ms",
+    "num.recovery.threads.per.data.dir", "log.initial.task.delay.ms", "log.dir.failure.timeout.ms",
+    "create.topic.policy.class.name", "alter.config.policy.class.name",
+})
+
 HIDDEN = "[hidden]"  # Kafka's Password.HIDDEN
 
 
@@ -87,7 +102,7 @@ def _non_dynamic_names(broker: Broker) -> set[str]:
     names = set(static_broker_configs(broker))
     names |= {f.name.replace("_", ".") for f in dataclasses.fields(broker.config)}
     names |= {"listeners", "advertised.listeners", "log.dir", "process.roles", "controller.quorum.voters"}
-    return names - set(BROKER_SYNONYMS)
+    return (names - set(BROKER_SYNONYMS)) | KAFKA_STATIC_LOG_CONFIGS
 
 
 def is_sensitive(ctype: ConfigType) -> bool:
@@ -120,7 +135,8 @@ def _describe_broker(broker: Broker, per_broker: bool) -> list[DescribedConfig]:
     for broker_name, topic_name in BROKER_SYNONYMS.items():
         spec = TOPIC_CONFIG_SPECS[topic_name]
         chain = layers.synonym_chain(spec)
-        out.append(DescribedConfig(broker_name, chain[0].value, chain[0].source, tuple(chain), spec.type, spec.doc))
+        out.append(DescribedConfig(broker_name, chain[0].value, chain[0].source, tuple(chain), spec.type, spec.doc,
+                                   read_only=broker_name in KAFKA_STATIC_LOG_CONFIGS))
     known = set(BROKER_SYNONYMS) | set(static_broker_configs(broker))
     for scope, source in ((layers.node, ConfigSource.DYNAMIC_BROKER_CONFIG),
                           (layers.cluster, ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG)):
@@ -284,7 +300,10 @@ def _alter_one(broker: Broker, req: Request, resource_type: int, name: str, incr
     layers = broker.logs.broker_configs
     current = dict(layers.node if scope == "node" else layers.cluster) if incremental else {}
     new = apply_incremental(RESOURCE_BROKER, current, ops)
-    frozen = sorted(set(new) & _non_dynamic_names(broker))
+    # A non-dynamic name stored before it was refused (log.retention.hours, kept by older versions)
+    # stays until it is deleted: only setting one, or changing its value, is refused.
+    stored = layers.node if scope == "node" else layers.cluster
+    frozen = sorted(n for n in set(new) & _non_dynamic_names(broker) if stored.get(n) != new[n])
     if frozen:
         raise ConfigRequestError(ErrorCode.invalid_request,
                                  f"Cannot update these configs dynamically: {{{', '.join(frozen)}}}")
