@@ -177,3 +177,111 @@ def test_a_non_dynamic_config_stored_by_an_older_version_can_be_left_or_deleted(
     assert dict(b.broker.logs.broker_configs.cluster) == {"log.retention.bytes": "1000"}
 
 
+# --- CreateTopics / CreatePartitions --------------------------------------------------------------------
+def test_create_topics_duplicate_names_are_refused_and_nothing_is_made(b: InProcessBroker) -> None:
+    got = create_topics(b, topic("h"), topic("ok"), topic("h", 2))
+    assert [(t.name, t.error_code, t.error_message) for t in got] == [
+        ("h", ErrorCode.invalid_request, "Duplicate topic name."), ("ok", ErrorCode.none, None)]
+    assert "h" not in b.broker.logs.topics() and "ok" in b.broker.logs.topics()
+
+
+def test_create_topics_refuses_the_cluster_metadata_topic(b: InProcessBroker) -> None:
+    for validate_only in (True, False):
+        t = create_topics(b, topic("__cluster_metadata"), validate_only=validate_only)[0]
+        assert t.error_code == ErrorCode.invalid_request and "prohibited" in (t.error_message or "")
+    assert "__cluster_metadata" not in b.broker.logs.topics()
+    # nor does a Metadata request or a produce auto-create it
+    r = b.call(3, 12, {"topics": [{"name": "__cluster_metadata", "topic_id": None}],
+                       "allow_auto_topic_creation": True, "include_topic_authorized_operations": False})
+    assert r.topics[0].error_code == ErrorCode.unknown_topic_or_partition
+    assert b.produce("__cluster_metadata", 0, batch()) == ErrorCode.unknown_topic_or_partition.value
+    assert "__cluster_metadata" not in b.broker.logs.topics()
+
+
+@pytest.mark.parametrize(("n", "rf", "assignments", "code", "words"), [
+    (3, -1, [(0, [1])], ErrorCode.invalid_request, "numPartitions was not set to -1"),
+    (-1, 1, [(0, [1])], ErrorCode.invalid_request, "replication factor was not set to -1"),
+    (-1, -1, [(0, [1]), (5, [1])], ErrorCode.invalid_replica_assignment, "consecutive 0-based"),
+    (-1, -1, [(1, [1])], ErrorCode.invalid_replica_assignment, "consecutive 0-based"),
+    (-1, -1, [(0, [1]), (0, [1])], ErrorCode.invalid_replica_assignment, "multiple manual partition assignments"),
+    (-1, -1, [(0, [2])], ErrorCode.invalid_replica_assignment, "broker 2, but no such broker"),
+    (-1, -1, [(0, [1, 1])], ErrorCode.invalid_replica_assignment, "more than once"),
+    (-1, -1, [(0, [])], ErrorCode.invalid_replica_assignment, "empty replica list"),
+])
+def test_create_topics_manual_assignments_are_checked(
+        b: InProcessBroker, n: int, rf: int, assignments: list[tuple[int, list[int]]], code: ErrorCode,
+        words: str) -> None:
+    for validate_only in (True, False):
+        t = create_topics(b, topic("a", n, rf, assignments), validate_only=validate_only)[0]
+        assert t.error_code == code and words in (t.error_message or ""), t.error_message
+    assert "a" not in b.broker.logs.topics()
+
+
+def test_create_topics_with_a_good_manual_assignment(b: InProcessBroker) -> None:
+    t = create_topics(b, topic("a", -1, -1, [(1, [1]), (0, [1]), (2, [1])]))[0]
+    assert t.error_code == 0 and t.num_partitions == 3
+    assert b.broker.logs.topics()["a"].num_partitions == 3
+
+
+def test_create_partitions_checks_duplicates_and_assignments(b: InProcessBroker) -> None:
+    b.create_topic("a", 2)
+    b.create_topic("c", 1)
+    assert create_partitions(b, ("a", 4, None), ("c", 2, None), ("a", 5, None)) == [
+        ("a", ErrorCode.invalid_request, "Duplicate topic name."), ("c", ErrorCode.none, None)]
+    assert b.broker.logs.topics()["a"].num_partitions == 2
+    (_, code, msg), = create_partitions(b, ("a", 3, [[2]]))
+    assert code == ErrorCode.invalid_replica_assignment and "broker 2" in (msg or "")
+    (_, code, msg), = create_partitions(b, ("a", 5, [[1]]))
+    assert code == ErrorCode.invalid_replica_assignment and "add 3 additional partition(s), but only 1" in (msg or "")
+    (_, code, msg), = create_partitions(b, ("a", 3, [[1, 1]]), validate_only=True)
+    assert code == ErrorCode.invalid_replica_assignment and "more than once" in (msg or "")
+    (_, code, msg), = create_partitions(b, ("a", 2, None))
+    assert code == ErrorCode.invalid_partitions and "already has 2" in (msg or "")
+    assert b.broker.logs.topics()["a"].num_partitions == 2
+    assert create_partitions(b, ("a", 4, [[1], [1]])) == [("a", ErrorCode.none, None)]
+    assert b.broker.logs.topics()["a"].num_partitions == 4
+
+
+# --- DescribeConfigs / AlterConfigs ---------------------------------------------------------------------
+def test_describe_configs_with_an_empty_key_list_describes_every_config(b: InProcessBroker) -> None:
+    b.create_topic("t")
+    every = describe(b, TOPIC, "t", None).configs
+    assert len(every) > 30
+    assert len(describe(b, TOPIC, "t", []).configs) == len(every)
+    assert len(describe(b, BROKER, "1", []).configs) == len(describe(b, BROKER, "1", None).configs)
+    assert [c.name for c in describe(b, TOPIC, "t", ["retention.ms"]).configs] == ["retention.ms"]
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "x" * 250, "x y"])
+def test_invalid_topic_names_are_invalid_topic_exception(b: InProcessBroker, name: str) -> None:
+    assert describe(b, TOPIC, name).error_code == ErrorCode.invalid_topic_exception
+    assert incremental(b, TOPIC, name, [("retention.ms", SET, "1")])[0] == ErrorCode.invalid_topic_exception
+    assert legacy(b, TOPIC, name, {"retention.ms": "1"}) == ErrorCode.invalid_topic_exception
+    r = b.call(3, 12, {"topics": [{"name": name, "topic_id": None}], "allow_auto_topic_creation": False,
+                       "include_topic_authorized_operations": False})
+    assert r.topics[0].error_code == ErrorCode.invalid_topic_exception
+
+
+def test_the_empty_topic_name(b: InProcessBroker) -> None:
+    assert describe(b, TOPIC, "").error_code == ErrorCode.invalid_topic_exception
+    code, msg = incremental(b, TOPIC, "", [("retention.ms", SET, "1")])
+    assert code == ErrorCode.invalid_request and "Default topic resources" in (msg or "")
+    # a missing topic whose name is valid is still unknown
+    assert describe(b, TOPIC, "missing").error_code == ErrorCode.unknown_topic_or_partition
+
+
+def test_values_are_stored_as_kafka_parses_them(b: InProcessBroker) -> None:
+    t = create_topics(b, topic("ws", configs={"retention.ms": " 1000 ", "compression.type": " gzip ",
+                                              "preallocate": "TRUE", "cleanup.policy": "compact , delete"}))[0]
+    assert t.error_code == 0
+    created = {c.name: c.value for c in t.configs}
+    got = {c.name: c.value for c in describe(b, TOPIC, "ws").configs}
+    for shown in (created, got):
+        assert (shown["retention.ms"], shown["compression.type"], shown["preallocate"], shown["cleanup.policy"]) \
+            == ("1000", "gzip", "true", "compact,delete")
+    assert incremental(b, TOPIC, "ws", [("segment.ms", SET, " +60000")])[0] == 0
+    assert b.broker.logs.topics()["ws"].configs["segment.ms"] == "60000"
+    assert incremental(b, BROKER, "1", [("log.retention.bytes", SET, " 5000 ")])[0] == 0
+    assert b.broker.logs.broker_configs.node["log.retention.bytes"] == "5000"
+
+

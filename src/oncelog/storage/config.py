@@ -320,6 +320,28 @@ def parse_topic_configs(raw: Mapping[str, str | None]) -> dict[str, Any]:
     return out
 
 
+def normalized_topic_config(name: str, value: str) -> str:
+    """A topic override as Kafka describes it once parsed (``" 1000 "`` is ``"1000"``, ``"a , b"``
+    is ``"a,b"``, ``"TRUE"`` is ``"true"``): the form to store. An unknown name, or a value that does
+    not parse, is returned as given (validation reports it)."""
+    return _normalized(TOPIC_CONFIG_SPECS.get(name), value)
+
+
+def normalized_broker_config(name: str, value: str) -> str:
+    """A dynamic broker config in the form to store: a topic config's synonym as Kafka formats its
+    parsed value; any other name as given."""
+    return _normalized(broker_spec(name), value)
+
+
+def _normalized(spec: ConfigSpec | None, value: str) -> str:
+    if spec is None:
+        return value
+    try:
+        return spec.format(spec.parse(value))
+    except InvalidConfigError:
+        return value
+
+
 def parse_broker_configs(raw: Mapping[str, str]) -> dict[str, Any]:
     """Broker name -> parsed value for the broker configs that default topic configs; others are
     returned as given (Kafka keeps broker configs it does not know)."""

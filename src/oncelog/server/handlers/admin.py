@@ -3,6 +3,13 @@
 
 A single node: replication factor must be -1 or 1, manual replica assignments may only name this
 broker. Internal topics (``__transaction_state``, ``__consumer_offsets``) cannot be deleted.
+
+Request checks are Kafka's (ControllerApis, ReplicationControlManager): a topic named twice in one
+CreateTopics or CreatePartitions is answered once, INVALID_REQUEST "Duplicate topic name.", and
+nothing is done for it; ``__cluster_metadata`` (Kafka's metadata log) is INVALID_REQUEST; a manual
+assignment goes with num_partitions and replication_factor -1 (else INVALID_REQUEST), names each
+partition 0..n-1 once, and each partition's replicas are this broker once
+(INVALID_REPLICA_ASSIGNMENT); CreatePartitions' assignments are one per new partition, checked alike.
 """
 
 from __future__ import annotations
@@ -18,14 +25,17 @@ from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.messages import Request
 from oncelog.server.answers import AnsweredWhenDurable
 from oncelog.server.authz import Op, R, allowed, create_topic_allowed
+from oncelog.server.topics import CLUSTER_METADATA_TOPIC
 from oncelog.storage import errors as storage_errors
-from oncelog.storage.config import describe_topic_configs
+from oncelog.storage.config import describe_topic_configs, normalized_topic_config
 from oncelog.storage.log_manager import DetachedTopic
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
 
 log = logging.getLogger("oncelog.server")
+
+DUPLICATE_TOPIC = "Duplicate topic name."
 
 
 def short_message(text: str) -> str:
@@ -69,24 +79,28 @@ async def handle_create_topics(broker: Broker, req: Request) -> dict[str, Any]:
     body = req.body
     validate_only = getattr(body, "validate_only", False)
     out = []
+    counts = Counter(t.name for t in body.topics)
     seen: set[str] = set()
     for t in body.topics:
         entry: dict[str, Any] = {"name": t.name, "error_code": ErrorCode.none, "error_message": None,
                                  "num_partitions": -1, "replication_factor": -1, "configs": None}
         n = t.num_partitions if t.num_partitions != -1 else broker.config.num_partitions
-        configs = {c.name: c.value for c in t.configs}
-        if not create_topic_allowed(broker, req, t.name):
+        # a null value stays null: validation refuses it with Kafka's message
+        configs: dict[str, Any] = {c.name: c.value if c.value is None else normalized_topic_config(c.name, c.value)
+                                   for c in t.configs}
+        if counts[t.name] > 1:
+            if t.name in seen:
+                continue  # answered once, where it first appears
+            entry.update(error_code=ErrorCode.invalid_request, error_message=DUPLICATE_TOPIC)
+        elif t.name == CLUSTER_METADATA_TOPIC:
+            entry.update(error_code=ErrorCode.invalid_request,
+                         error_message=f"Creation of internal topic {CLUSTER_METADATA_TOPIC} is prohibited.")
+        elif not create_topic_allowed(broker, req, t.name):
             entry.update(error_code=ErrorCode.topic_authorization_failed)
-        elif t.name in seen:
-            entry.update(error_code=ErrorCode.invalid_request, error_message="duplicate topic in request")
         elif t.assignments:
-            bad = [a for a in t.assignments if list(a.broker_ids) != [broker.config.node_id]]
-            if bad:
-                entry.update(error_code=ErrorCode.invalid_replica_assignment,
-                             error_message=f"this cluster has one broker, id {broker.config.node_id}")
-            else:
-                n = len(t.assignments)
-        if entry["error_code"] == ErrorCode.none and t.replication_factor not in (-1, 1):
+            code, message, n = _check_create_assignments(broker, t)
+            entry.update(error_code=code, error_message=message)
+        elif t.replication_factor not in (-1, 1):
             entry.update(error_code=ErrorCode.invalid_replication_factor,
                          error_message="replication factor must be 1 on a single-node cluster")
         if entry["error_code"] == ErrorCode.none and n <= 0:
@@ -111,6 +125,41 @@ async def handle_create_topics(broker: Broker, req: Request) -> dict[str, Any]:
                 entry.update(error_code=_storage_error(exc), error_message=_message(exc))
         out.append(entry)
     return {"throttle_time": 0, "topics": out}
+
+
+def _check_create_assignments(broker: Broker, t: Any) -> tuple[ErrorCode, str | None, int]:
+    """(error, message, partition count) of a CreateTopics entry with a manual assignment (Kafka's
+    ReplicationControlManager.createTopic)."""
+    if t.replication_factor != -1:
+        return (ErrorCode.invalid_request,
+                "A manual partition assignment was specified, but replication factor was not set to -1.", 0)
+    if t.num_partitions != -1:
+        return (ErrorCode.invalid_request,
+                "A manual partition assignment was specified, but numPartitions was not set to -1.", 0)
+    indexes: set[int] = set()
+    for a in t.assignments:
+        if a.partition_index in indexes:
+            return (ErrorCode.invalid_replica_assignment,
+                    f"Found multiple manual partition assignments for partition {a.partition_index}", 0)
+        indexes.add(a.partition_index)
+        if (why := _replicas_error(broker, list(a.broker_ids))) is not None:
+            return ErrorCode.invalid_replica_assignment, why, 0
+    if indexes != set(range(len(indexes))):
+        return ErrorCode.invalid_replica_assignment, "partitions should be a consecutive 0-based integer sequence", 0
+    return ErrorCode.none, None, len(indexes)
+
+
+def _replicas_error(broker: Broker, replicas: list[int]) -> str | None:
+    """Why one partition's manual replica list is refused (Kafka's validateManualPartitionAssignment,
+    on a cluster of this one broker, so the replication factor is 1 throughout), or None."""
+    if not replicas:
+        return "The manual partition assignment includes an empty replica list."
+    for b in sorted(replicas):
+        if b != broker.config.node_id:
+            return f"The manual partition assignment includes broker {b}, but no such broker is registered."
+    if len(replicas) > 1:
+        return f"The manual partition assignment includes the broker {replicas[0]} more than once."
+    return None
 
 
 async def create_topic_off_loop(broker: Broker, name: str, num_partitions: int, configs: dict[str, str]) -> Any:
@@ -247,20 +296,41 @@ async def _answer_after(removal: asyncio.Future[None], response: dict[str, Any])
 
 
 def handle_create_partitions(broker: Broker, req: Request) -> dict[str, Any]:
+    """CreatePartitions, checked in Kafka's order: a duplicate name, authorization, the topic, the
+    new count, then the manual assignments (one per new partition, each this broker once)."""
     body = req.body
     out = []
+    counts = Counter(t.name for t in body.topics)
+    seen: set[str] = set()
     for t in body.topics:
         entry: dict[str, Any] = {"name": t.name, "error_code": ErrorCode.none, "error_message": None}
         info = broker.logs.topics().get(t.name)
-        if not allowed(broker, req, Op.ALTER, R.TOPIC, t.name):
+        if counts[t.name] > 1:
+            if t.name in seen:
+                continue  # answered once, where it first appears
+            seen.add(t.name)
+            entry.update(error_code=ErrorCode.invalid_request, error_message=DUPLICATE_TOPIC)
+        elif not allowed(broker, req, Op.ALTER, R.TOPIC, t.name):
             entry["error_code"] = ErrorCode.topic_authorization_failed
         elif info is None:
             entry["error_code"] = ErrorCode.unknown_topic_or_partition
         elif info.is_internal:
             entry.update(error_code=ErrorCode.invalid_topic_exception, error_message="internal topic")
-        elif t.count <= info.num_partitions:
+        elif t.count == info.num_partitions:
             entry.update(error_code=ErrorCode.invalid_partitions,
-                         error_message=f"topic has {info.num_partitions} partitions; new count must be larger")
+                         error_message=f"Topic already has {info.num_partitions} partition(s).")
+        elif t.count < info.num_partitions:
+            entry.update(error_code=ErrorCode.invalid_partitions,
+                         error_message=f"The topic {t.name} currently has {info.num_partitions} partition(s); "
+                                       f"{t.count} would not be an increase.")
+        elif t.assignments is not None and len(t.assignments) != t.count - info.num_partitions:
+            entry.update(error_code=ErrorCode.invalid_replica_assignment,
+                         error_message=f"Attempted to add {t.count - info.num_partitions} additional partition(s), "
+                                       f"but only {len(t.assignments)} assignment(s) were specified.")
+        elif t.assignments is not None and (why := next(
+                (w for a in t.assignments if (w := _replicas_error(broker, list(a.broker_ids))) is not None),
+                None)) is not None:
+            entry.update(error_code=ErrorCode.invalid_replica_assignment, error_message=why)
         else:
             try:
                 if body.validate_only:

@@ -18,9 +18,12 @@ config's synonym nor one of the broker's own settings) is described with a null 
 ``KafkaConfig.maybeSensitive`` and ``loggableValue``: such a name may hold a password
 (``listener.name.x.ssl.keystore.password``, ``sasl.jaas.config``).
 
+Values are stored as Kafka describes them once parsed (``" 1000 "`` becomes ``"1000"``).
+
 The order of checks follows Kafka's: duplicate resources and keys, null values and unknown
-operations (INVALID_REQUEST), authorization, existence of the topic (as ZooKeeper-mode Kafka), then
-the values. Legacy AlterConfigs replaces the resource's whole set of overrides.
+operations (INVALID_REQUEST), authorization, the topic's name (Kafka's Topic.validate:
+INVALID_TOPIC_EXCEPTION; the empty name INVALID_REQUEST) and existence (as ZooKeeper-mode Kafka),
+then the values. Legacy AlterConfigs replaces the resource's whole set of overrides.
 """
 
 from __future__ import annotations
@@ -42,8 +45,11 @@ from oncelog.storage.config import (
     DescribedConfig,
     Synonym,
     broker_spec,
+    normalized_broker_config,
+    normalized_topic_config,
 )
-from oncelog.storage.errors import DiskFullError, InvalidConfigError
+from oncelog.storage.errors import DiskFullError, InvalidConfigError, InvalidTopicError
+from oncelog.storage.log_manager import validate_topic_name
 
 if TYPE_CHECKING:
     from oncelog.server.broker import Broker
@@ -184,7 +190,7 @@ def handle_describe_configs(broker: Broker, req: Request) -> dict[str, Any]:
     documentation = bool(getattr(body, "include_documentation", False))
     results = []
     for r in body.resources:
-        keys = set(r.configuration_keys) if r.configuration_keys is not None else None
+        keys = set(r.configuration_keys) if r.configuration_keys else None  # null or empty: all (Kafka)
         entry: dict[str, Any] = {"error_code": ErrorCode.none, "error_message": None,
                                  "resource_type": r.resource_type, "resource_name": r.resource_name,
                                  "configs": []}
@@ -192,6 +198,8 @@ def handle_describe_configs(broker: Broker, req: Request) -> dict[str, Any]:
         if r.resource_type == RESOURCE_TOPIC:
             if not allowed(broker, req, Op.DESCRIBE_CONFIGS, R.TOPIC, r.resource_name):
                 entry["error_code"] = ErrorCode.topic_authorization_failed
+            elif (invalid := _invalid_topic_name(r.resource_name)) is not None:
+                entry.update(error_code=ErrorCode.invalid_topic_exception, error_message=short_message(invalid))
             elif r.resource_name not in broker.logs.topics():
                 entry.update(error_code=ErrorCode.unknown_topic_or_partition,
                              error_message=short_message(f"Topic {r.resource_name} does not exist"))
@@ -213,6 +221,15 @@ def handle_describe_configs(broker: Broker, req: Request) -> dict[str, Any]:
         entry["configs"] = [_entry(d, synonyms, documentation) for d in described if keys is None or d.name in keys]
         results.append(entry)
     return {"throttle_time": 0, "results": results}
+
+
+def _invalid_topic_name(name: str) -> str | None:
+    """Why ``name`` cannot be a topic's (Kafka's Topic.validate), or None."""
+    try:
+        validate_topic_name(name)
+    except InvalidTopicError as exc:
+        return str(exc)
+    return None
 
 
 # --- AlterConfigs / IncrementalAlterConfigs ------------------------------------------------------------
@@ -282,11 +299,16 @@ def _alter_one(broker: Broker, req: Request, resource_type: int, name: str, incr
     if nulls:
         raise ConfigRequestError(ErrorCode.invalid_request, "Null value not supported for : " + ", ".join(nulls))
     if resource_type == RESOURCE_TOPIC:
+        if name == "":  # Kafka's ControllerConfigurationValidator
+            raise ConfigRequestError(ErrorCode.invalid_request, "Default topic resources are not allowed.")
+        if (invalid := _invalid_topic_name(name)) is not None:
+            raise ConfigRequestError(ErrorCode.invalid_topic_exception, invalid)
         info = broker.logs.topics().get(name)
         if info is None:
             raise ConfigRequestError(ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist")
         current = info.configs if incremental else {}
         new = apply_incremental(RESOURCE_TOPIC, current, ops)
+        new = {k: normalized_topic_config(k, v) for k, v in new.items()}
         try:
             broker.logs.alter_topic_configs(name, new, validate_only=validate_only)
         except InvalidConfigError as exc:
@@ -300,6 +322,7 @@ def _alter_one(broker: Broker, req: Request, resource_type: int, name: str, incr
     layers = broker.logs.broker_configs
     current = dict(layers.node if scope == "node" else layers.cluster) if incremental else {}
     new = apply_incremental(RESOURCE_BROKER, current, ops)
+    new = {k: normalized_broker_config(k, v) for k, v in new.items()}
     # A non-dynamic name stored before it was refused (log.retention.hours, kept by older versions)
     # stays until it is deleted: only setting one, or changing its value, is refused.
     stored = layers.node if scope == "node" else layers.cluster
