@@ -285,3 +285,36 @@ def test_values_are_stored_as_kafka_parses_them(b: InProcessBroker) -> None:
     assert b.broker.logs.broker_configs.node["log.retention.bytes"] == "5000"
 
 
+# --- cleanup.policy ------------------------------------------------------------------------------------
+def test_cleanup_policy_is_kafkas_valid_list(b: InProcessBroker) -> None:
+    got = create_topics(b, topic("empty", configs={"cleanup.policy": ""}),
+                        topic("twice", configs={"cleanup.policy": "compact,compact"}))
+    assert [t.error_code for t in got] == [0, 0]
+    twice = b.broker.logs.get_partition("twice", 0)
+    assert twice is not None and twice.config.compact and not twice.config.delete
+    b.create_topic("t")
+    assert incremental(b, TOPIC, "t", [("cleanup.policy", SUBTRACT, "delete")])[0] == 0
+    plog = b.broker.logs.get_partition("t", 0)
+    assert plog is not None and not plog.config.compact and not plog.config.delete
+    assert {c.name: c.value for c in describe(b, TOPIC, "t").configs}["cleanup.policy"] == ""
+    code, msg = incremental(b, TOPIC, "t", [("cleanup.policy", SET, "compact,")])
+    assert code == ErrorCode.invalid_config and "compact, delete" in (msg or "")
+
+
+def test_a_log_with_no_cleanup_policy_keeps_everything(b: InProcessBroker) -> None:
+    assert create_topics(b, topic("keep", configs={"cleanup.policy": "", "retention.ms": "1000",
+                                                   "retention.bytes": "100", "segment.bytes": "1000"}))[0] \
+        .error_code == 0
+    now = b.clock.now_ms()
+    for i in range(6):
+        assert b.produce("keep", 0, batch(1, ts=now, value=b"v%d" % i, size=600)) == 0
+    plog = b.broker.logs.get_partition("keep", 0)
+    assert plog is not None and len(plog.segments) == 6
+    b.clock.advance(3_600_000)
+    b.broker._retention()
+    assert len(plog.segments) == 6 and plog.log_start_offset == 0  # no retention by time or size
+    assert plog not in b.broker.logs.compacted_logs()  # and no compaction
+    r = b.call(21, 2, {"topics": [{"name": "keep", "partitions": [{"partition_index": 0, "offset": 3}]}],
+                       "timeout_ms": 5000})
+    assert r.topics[0].partitions[0].error_code == ErrorCode.policy_violation  # as Kafka: delete is not a policy
+    assert len(b.visible_values("keep", 0)) == 6

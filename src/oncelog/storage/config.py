@@ -257,12 +257,9 @@ _SPECS: list[ConfigSpec] = [
 # (cleanup.policy, delete.retention.ms, min.cleanable.dirty.ratio, min.compaction.lag.ms,
 # max.compaction.lag.ms). Each is one ConfigSpec here and, if honoured, one LogConfig field in the
 # block of the same name; cross-field rules go to CROSS_CHECKS. Nothing else needs to change.
-def _cleanup_policy(values: Any) -> str | None:
-    if not values:
-        return "at least one of compact, delete is needed"
-    if len(set(values)) != len(values):
-        return "each policy may appear once"
-    return each_one_of("compact", "delete")(values)
+# Kafka's ValidList checks each element only: an empty list is valid (neither policy: the log keeps
+# everything, no retention and no compaction) and so is a policy named twice.
+_cleanup_policy = each_one_of("compact", "delete")
 
 
 _COMPACTION_SPECS: list[ConfigSpec] = [
@@ -378,7 +375,7 @@ class LogConfig:
     compression_lz4_level: int = 9
     compression_zstd_level: int = 3
     # ---- log compaction fields: owned by the log-compaction work ----
-    cleanup_policy: str = "delete"  # "delete", "compact" or "compact,delete" (either order)
+    cleanup_policy: str = "delete"  # policies joined by ","; "" (neither) keeps every segment
     delete_retention_ms: int = 24 * 3600 * 1000
     min_cleanable_dirty_ratio: float = 0.5
     min_compaction_lag_ms: int = 0
