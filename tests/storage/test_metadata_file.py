@@ -74,3 +74,51 @@ def test_the_broker_command_refuses_to_start_without_its_topics_file(tmp_path: P
     assert done.returncode != 0
     assert "cannot start" in done.stderr and "topics.json is missing" in done.stderr, done.stderr[-2000:]
     assert (tmp_path / "d" / "kept-0").is_dir()
+
+
+def _abandon(logs: LogManager) -> None:
+    """A crash: nothing flushed or closed."""
+    for plog in logs.partitions().values():
+        for seg in plog.segments:
+            seg.abandon()
+
+
+def test_an_unknown_directory_with_records_is_moved_aside_not_removed(tmp_path: Path) -> None:
+    """A directory named like a partition of no known topic (an operator's copy, ``backup-0``) was
+    removed at start with its records. Kafka moves such a stray log aside (``-stray``) and never
+    deletes it; an unknown directory without records (a creation a crash cut short) still goes."""
+    logs = LogManager(tmp_path, LogConfig(), ManualClock())
+    logs.create_topic("backup", 1, {})
+    plog = logs.get_partition("backup", 0)
+    assert plog is not None
+    plog.append(batch(3))
+    logs.create_topic("empty", 1, {})
+    logs.close()
+    copy = (tmp_path / "backup-0").rename(tmp_path / "copy-0")
+    (tmp_path / "empty-0").rename(tmp_path / "leftover-0")
+    logs = LogManager(tmp_path, LogConfig(), ManualClock())
+    logs.close()
+    assert not copy.exists() and not (tmp_path / "leftover-0").exists()
+    [aside] = [d for d in tmp_path.iterdir() if d.name.startswith("copy-0.")]
+    assert aside.name.endswith("-stray") and any(f.stat().st_size > 0 for f in aside.glob("*.log"))
+    assert LogManager(tmp_path, LogConfig(), ManualClock()).get_partition("backup", 0) is not None  # starts again
+
+
+def test_a_deletion_cut_short_is_finished_at_the_next_start(tmp_path: Path) -> None:
+    """A deleted topic leaves topics.json first and its directories later (off the event loop): a
+    crash in between leaves directories with records that topics.json lists as being deleted, and
+    the next start removes them (they are not moved aside as strays)."""
+    logs = LogManager(tmp_path, LogConfig(), ManualClock())
+    logs.create_topic("gone", 2, {})
+    plog = logs.get_partition("gone", 1)
+    assert plog is not None
+    plog.append(batch(3))
+    logs.detach_topic("gone")  # and the process dies before remove_topic_files
+    _abandon(logs)
+    logs = LogManager(tmp_path, LogConfig(), ManualClock())
+    assert not any(d.name.startswith("gone-") for d in tmp_path.iterdir())
+    logs.create_topic("gone", 1, {})  # the name is free, its list entry does not touch the new topic
+    logs.close()
+    logs = LogManager(tmp_path, LogConfig(), ManualClock())
+    assert logs.get_partition("gone", 0) is not None and (tmp_path / "gone-0").is_dir()
+    logs.close()

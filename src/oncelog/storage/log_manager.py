@@ -4,7 +4,9 @@
 config overrides, internal flag); it is replaced atomically (write, fsync, rename, fsync dir) on each
 change, before/after the directories as needed so a crash leaves either the old or the new topic
 set: a created topic's directories are made before it is listed; a deleted topic is unlisted
-before its directories are removed (stray directories are removed on the next start).
+(its directories named in the file's ``deleting`` list) before its directories are removed. At a
+start, unlisted directories that a deletion names or that hold no record are removed; any other
+unlisted directory with records is moved aside (``<name>.<id>-stray``), as Kafka does with strays.
 
 Only the broker's event loop thread calls the log manager.
 """
@@ -18,6 +20,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from oncelog.clock import Clock
 from oncelog.storage import descriptors, fileio, recovery_checkpoint
@@ -65,6 +68,15 @@ class TopicInfo:
     is_internal: bool = False
 
 
+def _holds_records(directory: Path) -> bool:
+    """A partition directory with a non-empty segment."""
+    return any(f.stat().st_size > 0 for f in directory.glob("*.log"))
+
+
+def _is_dir_of(dir_name: str, topic: str) -> bool:
+    return re.fullmatch(re.escape(topic) + r"-\d+", dir_name) is not None
+
+
 def validate_topic_name(name: str) -> None:
     if not name:
         raise InvalidTopicError("topic name is empty")
@@ -101,6 +113,9 @@ class LogManager:
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
         # Names whose partitions are being built off the loop (``reserve_topic``): taken, not visible.
         self._creating: set[str] = set()
+        # Directories of deleted topics not yet removed (topics.json's "deleting"): a start removes
+        # those it finds, and moves other unknown directories with records aside.
+        self._deleting: set[str] = set()
         self.broker_configs = self._load_broker_configs()
         self._defaults = self.broker_configs.effective_defaults()
         self.leader_epoch = 0
@@ -150,17 +165,30 @@ class LogManager:
                 self._partitions[(info.name, p)] = PartitionLog(
                     d, info.name, p, cfg, self.clock, self.dir_state,
                     checkpointed_recovery_point=point if topic_id == info.topic_id else None)
+        deleting = {str(n) for n in doc.get("deleting", [])}
         for d in self.data_dir.iterdir():
             stray = d.name not in expected and re.match(r".+-\d+(\.deleted)?$", d.name)
-            if d.is_dir() and d.name != "__meta" and stray:
-                log.warning("removing directory %s of a deleted or unknown topic", d)
+            if not (d.is_dir() and d.name != "__meta" and stray):
+                continue
+            if d.name in deleting or not _holds_records(d):
+                log.warning("removing directory %s of a deleted topic (or an unfinished creation)", d)
                 fileio.fs.rmtree(d)
+            else:
+                # Kafka moves a stray log aside and never deletes it (LogManager: "Move aside stray
+                # partitions, don't delete them"): records of no topic this broker knows, say an
+                # operator's copy, are not the broker's to remove.
+                aside = d.with_name(f"{d.name}.{uuid.uuid4().hex}-stray")
+                log.warning("directory %s holds records of no known topic: moved aside to %s (remove it by hand "
+                            "once it is not needed)", d, aside.name)
+                fileio.fs.replace(d, aside)
+        fileio.fs.fsync_dir(self.data_dir)
+        # Deletions cut short are finished now; names still listed would only be dropped later.
+        self._deleting = set()
 
     def _partitions_holding_records(self) -> list[Path]:
         """Directories of the data directory named like a partition with a non-empty segment."""
         return sorted(d for d in self.data_dir.iterdir()
-                      if d.is_dir() and d.name != "__meta" and re.match(r".+-\d+$", d.name)
-                      and any(f.stat().st_size > 0 for f in d.glob("*.log")))
+                      if d.is_dir() and d.name != "__meta" and re.match(r".+-\d+$", d.name) and _holds_records(d))
 
     def _take_leadership(self) -> None:
         """Each start of the broker is a new leader epoch for every partition (as a restarted Kafka
@@ -180,8 +208,10 @@ class LogManager:
         """Write topics.json (``write_atomic``: the old file or the new one survives). A disk too
         full for it raises DiskFullError with the old file intact, and the caller undoes the change
         it made in memory: what a restart would load and what is served stay the same."""
-        doc = {"topics": [{"name": t.name, "topic_id": str(t.topic_id), "num_partitions": t.num_partitions,
-                           "configs": t.configs, "internal": t.is_internal} for t in self._topics.values()]}
+        doc: dict[str, Any] = {
+            "topics": [{"name": t.name, "topic_id": str(t.topic_id), "num_partitions": t.num_partitions,
+                        "configs": t.configs, "internal": t.is_internal} for t in self._topics.values()],
+            "deleting": sorted(self._deleting)}
         data = json.dumps(doc, indent=1).encode()
         try:
             fileio.fs.write_atomic(self._meta_path(), data)
@@ -303,7 +333,11 @@ class LogManager:
         return name in self._creating
 
     def release_topic(self, name: str) -> None:
+        """The name is free again; a deletion's directories are gone (``remove_topic_files``), so
+        they leave the ``deleting`` list (persisted with the next change of topics.json)."""
         self._creating.discard(name)
+        self._deleting = {d for d in self._deleting
+                          if not (_is_dir_of(d, name) and not (self.data_dir / d).exists())}
 
     def build_partitions(self, name: str, num_partitions: int, cfg: LogConfig) -> list[PartitionLog]:
         """The partitions of a reserved topic, on disk (their directory names durable), not yet
@@ -399,10 +433,14 @@ class LogManager:
         removes what is left of its directories) and out of service, its partitions closed; its
         name stays taken until :meth:`release_topic`."""
         info = self._topics.pop(name)
+        dirs = {self._dir(name, p).name for p in range(info.num_partitions)}
+        added = dirs - self._deleting
+        self._deleting |= added
         try:
             self._save()
         except BaseException:
             self._topics[name] = info
+            self._deleting -= added
             raise
         self._creating.add(name)
         detached = DetachedTopic(name, [], [])
@@ -418,7 +456,9 @@ class LogManager:
     def remove_topic_files(self, detached: DetachedTopic) -> None:
         """Remove a detached topic's directories, once the flushes that were running on them are
         done, then make that durable with one fsync of the data directory (not one a partition).
-        Safe on any thread: nothing else touches them."""
+        Safe on any thread: nothing else touches them. (Their names stay in topics.json's
+        ``deleting`` list until its next write after :meth:`release_topic`: a start that finds one
+        of them removes it, where an unknown directory with records is moved aside.)"""
         for job in detached.flushes:
             job.done.wait(60)
         for d in detached.directories:
