@@ -78,7 +78,7 @@ def test_super_users_allow_everyone_and_idempotent_write(tmp_path: Path) -> None
 def test_invalid_bindings_are_refused_and_filters_match(tmp_path: Path) -> None:
     a = Authorizer(tmp_path / "acls.json")
     errors = a.create([acl(R.ANY, "x", "User:a", Op.READ), acl(R.TOPIC, "x", "alice", Op.READ),
-                       acl(R.GROUP, "g", "User:a", Op.WRITE), acl(R.CLUSTER, "c", "User:a", Op.ALTER),
+                       acl(R.GROUP, "", "User:a", Op.READ), acl(R.CLUSTER, "c", "User:a", Op.ALTER),
                        acl(R.TOPIC, "x", "User:a", Op.ANY)])
     assert all(e is not None for e in errors) and a.bindings == []
     a.create([acl(R.TOPIC, "pay-", "User:a", Op.READ, pattern=P.PREFIXED), acl(R.TOPIC, "pay-eu", "User:b", Op.READ),

@@ -11,7 +11,8 @@ name) or starts with it (PREFIXED). Decisions:
 - otherwise denied, unless no binding at all matches the resource and
   ``allow_everyone_if_no_acl_found`` is set.
 
-Principals are ``User:<name>`` (``User:*`` matches any); hosts are addresses (``*`` any).
+Principals are ``<type>:<name>`` strings, compared whole; a request's principal is ``User:<name>``, so
+only ``User:`` bindings can apply (``User:*`` matches any). Hosts are addresses (``*`` any).
 The bindings persist in ``<data_dir>/__meta/acls.json``, replaced atomically on each change.
 
 Invariant: ``bindings`` holds no duplicates and no binding with a wildcard type (ANY/MATCH/UNKNOWN);
@@ -77,14 +78,19 @@ CLUSTER_NAME = "kafka-cluster"
 WILDCARD = "*"
 WILDCARD_PRINCIPAL = "User:*"
 
-# The operations each resource type supports (KIP-430's authorized operations report these).
+# The operations each resource type supports (Kafka's AclEntry.supportedOperations): KIP-430's
+# authorized operations report these. An ACL may name any other operation, as in Kafka; it is stored
+# and grants only what ``authorize`` derives from it (at most DESCRIBE or DESCRIBE_CONFIGS, implied).
 SUPPORTED_OPERATIONS: dict[ResourceType, tuple[Operation, ...]] = {
     ResourceType.TOPIC: (Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DELETE, Operation.ALTER,
                          Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS),
-    ResourceType.GROUP: (Operation.READ, Operation.DELETE, Operation.DESCRIBE),
+    ResourceType.GROUP: (Operation.READ, Operation.DELETE, Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS,
+                         Operation.ALTER_CONFIGS),
     ResourceType.CLUSTER: (Operation.CREATE, Operation.ALTER, Operation.DESCRIBE, Operation.CLUSTER_ACTION,
                            Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS, Operation.IDEMPOTENT_WRITE),
     ResourceType.TRANSACTIONAL_ID: (Operation.WRITE, Operation.DESCRIBE),
+    ResourceType.DELEGATION_TOKEN: (Operation.DESCRIBE,),
+    ResourceType.USER: (Operation.CREATE_TOKENS, Operation.DESCRIBE_TOKENS),
 }
 
 _IMPLIED_BY: dict[Operation, tuple[Operation, ...]] = {
@@ -94,7 +100,8 @@ _IMPLIED_BY: dict[Operation, tuple[Operation, ...]] = {
 
 
 class InvalidAclError(ValueError):
-    """A binding that cannot be stored (wildcard type, unknown operation, bad principal)."""
+    """A binding that cannot be stored (wildcard type, unknown operation, a principal that does not
+    parse)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +115,10 @@ class AclBinding:
     permission: Permission
 
     def validate(self) -> None:
+        """Kafka's checks of a new ACL (AclControlManager.validateNewAcl, AclApis.handleCreateAcls),
+        and its principal must parse as ``<type>:<name>`` (SecurityUtils.parseKafkaPrincipal; Kafka's
+        authorizer fails on one that does not). Any concrete operation is accepted on any concrete
+        resource type, as Kafka does."""
         if self.resource_type in (ResourceType.ANY, ResourceType.UNKNOWN):
             raise InvalidAclError("an ACL needs a concrete resource type")
         if self.pattern_type not in (PatternType.LITERAL, PatternType.PREFIXED):
@@ -116,14 +127,12 @@ class AclBinding:
             raise InvalidAclError("an ACL needs a concrete operation")
         if self.permission not in (Permission.ALLOW, Permission.DENY):
             raise InvalidAclError("an ACL's permission must be ALLOW or DENY")
-        if not self.principal.startswith("User:") or len(self.principal) == len("User:"):
-            raise InvalidAclError(f"principal {self.principal!r} must look like User:<name>")
+        if ":" not in self.principal:
+            raise InvalidAclError(f"principal {self.principal!r} must look like <type>:<name>, e.g. User:alice")
         if not self.resource_name:
             raise InvalidAclError("an ACL needs a resource name")
         if self.resource_type is ResourceType.CLUSTER and self.resource_name != CLUSTER_NAME:
             raise InvalidAclError(f"the cluster resource is named {CLUSTER_NAME!r}")
-        if self.operation not in (Operation.ALL, *SUPPORTED_OPERATIONS.get(self.resource_type, ())):
-            raise InvalidAclError(f"{self.operation.name} does not apply to {self.resource_type.name}")
 
     def matches_resource(self, resource_type: ResourceType, name: str) -> bool:
         if self.resource_type is not resource_type:
