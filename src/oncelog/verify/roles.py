@@ -185,28 +185,36 @@ def _txn_producer(spec: RunSpec, transactional_id: str, stop: Any) -> Producer:
                 raise
 
 
-def _finish(producer: Producer, abort: bool) -> str:
-    """Commit (or abort) the open transaction: "committed", "aborted", "unknown" or "fatal"
-    ("unknown" and "fatal": the caller replaces the producer, which settles the transaction)."""
+def _finish(producer: Producer, abort: bool) -> tuple[str, bool]:
+    """Commit (or abort) the open transaction: (outcome, usable). The outcome is "committed",
+    "aborted" or "unknown"; ``usable`` is False when the producer must be replaced (a fatal error, no
+    answer, retries spent), which settles the transaction either way.
+
+    A transaction whose commit was never requested is "aborted" whatever became of its abort (fenced,
+    no answer): without an EndTxn(commit) no coordinator can commit it, and the replacement's
+    InitProducerId aborts it. Recording it "unknown" let the checker infer it committed as soon as one
+    of its values was read, so a broker that made an aborted transaction visible passed."""
+    commit_requested = False
     for _attempt in range(5):
         try:
             if abort:
                 bounded(lambda: producer.abort_transaction(20), 60)
-                return "aborted"
+                return "aborted", True
+            commit_requested = True
             bounded(lambda: producer.commit_transaction(20), 60)
-            return "committed"
+            return "committed", True
         except Stuck:
-            return "unknown"
+            break
         except KafkaException as exc:
             err = exc.args[0]
             if err.fatal():
-                return "fatal"
+                break
             if err.txn_requires_abort():
                 abort = True
                 continue
             if not err.retriable():
-                return "unknown"
-    return "unknown"
+                break
+    return ("unknown" if commit_requested else "aborted"), False
 
 
 def _quietly(fn: Callable[..., Any], *args: Any) -> None:
@@ -328,11 +336,10 @@ def producer_loop(spec: RunSpec, role: RoleSpec, ctl: Controls, rec: Recorder) -
             producer, outcome, start, fenced_ms = fence.run(command, producer, txn_no, sends, extra)
         else:
             start = rec.ms()
-            outcome = _finish(producer, rng.random() < 0.15)
-            if outcome in ("fatal", "unknown"):
+            outcome, usable = _finish(producer, rng.random() < 0.15)
+            if not usable:
                 # A new instance fences this one and settles the transaction either way.
                 producer = _txn_producer(spec, tid, ctl.stop_all)
-                outcome = "unknown"
         for s in sends:
             rec.write("send", s)
         rec.write("txn", Txn(name, txn_no, outcome, start, rec.ms(), [s.value for s in sends],
@@ -419,8 +426,8 @@ class _Copier:
                 pass  # no longer assigned: the next owner resumes from the committed offset
 
     def restart(self) -> None:
-        """After an unknown outcome: new instances settle the transaction (fencing the old producer)
-        and resume from whatever offsets the group committed."""
+        """After an unknown outcome or a producer that failed: new instances settle the transaction
+        (fencing the old producer) and resume from whatever offsets the group committed."""
         self.session += 1
         with contextlib.suppress(Exception):
             self.consumer.close()
@@ -451,6 +458,7 @@ class _Copier:
         sends: list[Send] = []
         offsets: dict[int, int] = {}
         outcome = ""
+        replace = False  # the producer must be replaced (which settles the transaction)
         start = rec.ms()
         fenced_ms = -1
         try:
@@ -469,9 +477,11 @@ class _Copier:
             bounded(lambda: producer.send_offsets_to_transaction(
                 [tp for tp in positions if tp.offset >= 0], group, 20), 60)
         except Stuck:
-            outcome = "unknown"  # never committed, but settled by the replacement: abort or commit alike
+            # No commit was requested: the replacement's InitProducerId aborts the transaction.
+            outcome, replace = "aborted", True
         except (KafkaException, BufferError):
-            outcome = _finish(self.producer, True)
+            outcome, usable = _finish(self.producer, True)
+            replace = not usable
         if not outcome:
             command = _take_command(self.ctl, self.name)
             if command in ("zombie", "crash"):
@@ -479,9 +489,8 @@ class _Copier:
                                                                           None)
             else:
                 start = rec.ms()
-                outcome = _finish(self.producer, self.rng.random() < 0.1)
-        if outcome in ("fatal", "unknown"):
-            outcome = "unknown"
+                outcome, usable = _finish(self.producer, self.rng.random() < 0.1)
+                replace = not usable
         for s in sends:
             rec.write("send", s)
         rec.write("txn", Txn(self.name, txn_no, outcome, start, rec.ms(), [s.value for s in sends],
@@ -490,7 +499,7 @@ class _Copier:
         rec.count(2)
         if outcome == "committed" and fenced_ms < 0:
             self.observe("commit", set(last))
-        elif outcome == "unknown":
+        elif outcome == "unknown" or replace:
             self.restart()
         else:
             self.rewind(first)
