@@ -14,6 +14,7 @@ be visible: atomicity), aborted otherwise.
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -38,10 +39,33 @@ class Anomaly:
 
 
 @dataclass
+class RoleActivity:
+    """What one client did inside the fault window (from the first fault to when faults stopped):
+    transactions by their outcome as the checker settled it (committed includes unknown outcomes
+    inferred committed), non-transactional writes acknowledged (--no-txn), records its polls returned."""
+
+    role: str
+    kind: str  # "producer" | "copier" | "reader"
+    committed: int = 0
+    aborted: int = 0
+    unknown: int = 0
+    acked: int = 0
+    reads: int = 0
+
+    @property
+    def active(self) -> bool:
+        """Did what the run's guarantees need of it under faults: a reader read, a writer committed."""
+        return self.reads > 0 if self.kind == "reader" else self.committed + self.acked > 0
+
+
+@dataclass
 class Report:
     anomalies: list[Anomaly] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # found but allowed (G0), or what was not checked
+    window: tuple[int, int] | None = None  # the fault window (ms), None without faults
+    activity: list[RoleActivity] = field(default_factory=list)  # per client, inside the fault window
+    inconclusive: list[str] = field(default_factory=list)  # why "no anomaly" proves less than it says
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(KINDS, 0)
@@ -500,10 +524,89 @@ def check_cycles(ix: Index, r: Report) -> None:
                        f"mixing ww and wr dependencies, the largest of {max(map(len, with_wr))} transactions")
 
 
+ROLE_KINDS = {"p": "producer", "x": "copier", "c": "reader"}
+_ROLE = re.compile(r"([pxc])\d+")
+_UNTESTED = {"producer": ("completed no write (no transaction committed, no write acknowledged)",
+                          "no write was tested under faults"),
+             "copier": ("committed no transaction",
+                        "the exactly-once copy (consume-transform-produce) was not tested under faults"),
+             "reader": ("read nothing", "no read_committed read was tested under faults")}
+
+
+def fault_window(h: History) -> tuple[int, int] | None:
+    """From the first fault's start to when the run stopped making faults (``faults_stopped_ms`` in
+    the meta; the last fault's end in histories without it). A zombie or crash a client carries out
+    after that, in the drain, does not stretch it. None when no fault was made."""
+    if not h.faults:
+        return None
+    start = min(f.start_ms for f in h.faults)
+    stopped = h.meta.get("faults_stopped_ms")
+    if isinstance(stopped, int | float) and not isinstance(stopped, bool):
+        return start, max(start, int(stopped))
+    return start, max(f.end_ms for f in h.faults)
+
+
+def _roles(h: History) -> list[str]:
+    """The run's clients: the meta's list, or (a history without one) every process named in it."""
+    named = h.meta.get("roles")
+    if isinstance(named, list) and named:
+        names = [str(n) for n in named]
+    else:
+        found = {t.process for t in h.txns} | {s.process for s in h.sends}
+        found |= {p.process.split(".", 1)[0] for p in h.polls if not p.final}
+        names = sorted(found)
+    return [n for n in names if _ROLE.fullmatch(n)]
+
+
+def check_coverage(ix: Index, r: Report) -> None:
+    """Whether the faults met the roles the run's guarantees rest on. Per client, what it did inside
+    the fault window (``Report.activity``); the result is *inconclusive* when faults were asked for
+    and none was made, or when every producer, every copier or every reader did nothing while faults
+    were active (e.g. broker kills every 2-3 s never let the copier group form: the exactly-once copy
+    then ran only in the drain, after the faults, and the run passed having tested it under none).
+    Not an anomaly of the broker: a run that proves less than it says. O(n)."""
+    h = ix.h
+    window = fault_window(h)
+    if window is None:
+        requested = h.meta.get("faults")
+        if isinstance(requested, list) and requested:
+            r.inconclusive.append(f"faults were asked for ({', '.join(map(str, requested))}) but none was made")
+        return
+    lo, hi = window
+    r.window = window
+    activity = {name: RoleActivity(name, ROLE_KINDS[name[0]]) for name in _roles(h)}
+    for key, t in ix.txns.items():
+        a = activity.get(t.process)
+        if a is None or not lo <= t.end_ms <= hi:
+            continue
+        state = ix.status.get(key)
+        if state in ("committed", "unknown-visible"):
+            a.committed += 1
+        elif state == "aborted":
+            a.aborted += 1
+        else:
+            a.unknown += 1
+    for snd in h.sends:
+        a = activity.get(snd.process)
+        if a is not None and snd.txn < 0 and snd.acked and lo <= snd.time_ms <= hi:
+            a.acked += 1
+    for p in h.polls:
+        a = activity.get(p.process.split(".", 1)[0])
+        if a is not None and not p.final and lo <= p.time_ms <= hi:
+            a.reads += len(p.records)
+    r.activity = list(activity.values())
+    for kind, (did, meaning) in _UNTESTED.items():
+        members = [a for a in r.activity if a.kind == kind]
+        if members and not any(a.active for a in members):
+            names = ", ".join(a.role for a in members)
+            r.inconclusive.append(f"{kind}s ({names}) {did} while faults were active (t={lo / 1000:.1f}-"
+                                  f"{hi / 1000:.1f} s): {meaning}")
+
+
 CHECKS: tuple[Callable[[Index, Report], None], ...] = (
     check_offsets_present, check_garbage, check_offsets_agree, check_aborted_and_early_reads, check_lost,
     check_atomicity, check_zombies, check_send_order, check_polls, check_output, check_committed_offsets,
-    check_cycles)
+    check_cycles, check_coverage)
 
 
 def check(h: History, checks: Iterable[Callable[[Index, Report], None]] = CHECKS) -> Report:

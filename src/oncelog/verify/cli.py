@@ -2,7 +2,9 @@
 
 Exit codes: 0 no anomaly, 1 anomalies found, 2 the workload could not run (a bad option, an
 unreachable broker, a broker command that does not start, an unreadable history, anything
-unexpected): then one line on stderr says why (``--debug`` adds the traceback).
+unexpected): then one line on stderr says why (``--debug`` adds the traceback); 3 inconclusive: no
+anomaly, but the run did not test what it claims (faults asked for and none made, or every producer,
+copier or reader idle while faults were active), each reason on a line of stderr.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from oncelog.verify.workload import (
     unrunnable_faults,
 )
 
-EXIT_CLEAN, EXIT_ANOMALIES, EXIT_CANNOT_RUN = 0, 1, 2
+EXIT_CLEAN, EXIT_ANOMALIES, EXIT_CANNOT_RUN, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 
 
 class UsageError(Exception):
@@ -258,6 +260,10 @@ def _run(args: argparse.Namespace) -> int:
         print("error: the workload did not run to the end (see the warnings); no anomaly found in what ran",
               file=sys.stderr)
         return EXIT_CANNOT_RUN
+    if report.inconclusive:
+        for why in report.inconclusive:
+            print(f"inconclusive: no anomaly found, but {why}", file=sys.stderr)
+        return EXIT_INCONCLUSIVE
     return EXIT_CLEAN
 
 

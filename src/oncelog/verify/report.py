@@ -23,6 +23,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from oncelog import charts
 from oncelog.charts import Marker, Point, Series, Span, Window
@@ -54,6 +55,10 @@ def print_table(report: Report, title: str) -> None:
     console = Console(soft_wrap=True)  # one anomaly per line, whatever the terminal width
     console.print(t)
     console.print(escape(", ".join(f"{k} {v}" for k, v in report.stats.items())), highlight=False)
+    if report.window is not None:
+        console.print(_activity_table(report))
+    for why in report.inconclusive:
+        console.print(f"[yellow]INCONCLUSIVE[/yellow]: {escape(why)}", highlight=False)
     for note in report.notes:
         console.print(f"note: {escape(note)}", highlight=False)
     shown: dict[str, int] = {}
@@ -64,6 +69,33 @@ def print_table(report: Report, title: str) -> None:
     for kind, n in shown.items():
         if n > EXAMPLES:
             console.print(f"... and {n - EXAMPLES} more {escape(kind)}", highlight=False)
+
+
+def _activity_columns(report: Report) -> list[str]:
+    columns = ["committed", "aborted", "unknown"]
+    if any(a.acked for a in report.activity):
+        columns.append("acked")  # non-transactional writes (--no-txn)
+    return [*columns, "reads"]
+
+
+def _window_text(report: Report) -> str:
+    lo, hi = report.window or (0, 0)
+    return f"activity while faults were active (t={lo / 1000:.1f}-{hi / 1000:.1f} s)"
+
+
+def _activity_table(report: Report) -> Any:
+    """Per client, its transactions by outcome and the records it read inside the fault window; a
+    client that did nothing there is flagged."""
+    from rich.table import Table
+
+    t = Table(title=_window_text(report))
+    columns = _activity_columns(report)
+    for name in ["client", *columns]:
+        t.add_column(name, justify="left" if name == "client" else "right")
+    for a in report.activity:
+        cells = [str(getattr(a, c)) for c in columns]
+        t.add_row(a.role if a.active else f"[yellow]{a.role} (idle)[/yellow]", *cells)
+    return t
 
 
 # --- operations named by an anomaly -----------------------------------------------------------------
@@ -360,8 +392,19 @@ def write_html(path: Path, history: History, report: Report, title: str) -> None
                      f'<a href="#timeline">(timeline)</a>{op_table}{zoom}</li>')
     more = (f"<p>… and {len(report.anomalies) - LISTED:,} more (<code>oncelog verify --check HISTORY</code> "
             "lists them all).</p>" if len(report.anomalies) > LISTED else "")
-    verdict = ('<p class="good">Verdict: no anomaly found.</p>' if report.ok else
-               f'<p class="bad">Verdict: {len(report.anomalies):,} anomalies.</p>')
+    if not report.ok:
+        verdict = f'<p class="bad">Verdict: {len(report.anomalies):,} anomalies.</p>'
+    elif report.inconclusive:
+        verdict = ('<p style="color:#9a5b00;font-weight:bold">Verdict: INCONCLUSIVE — no anomaly found, but '
+                   + "; ".join(e(w) for w in report.inconclusive) + ".</p>")
+    else:
+        verdict = '<p class="good">Verdict: no anomaly found.</p>'
+    activity = ""
+    if report.window is not None:
+        columns = _activity_columns(report)
+        rows = [[e(a.role) if a.active else f'<span class="bad">{e(a.role)} (idle)</span>',
+                 *[f"{getattr(a, c):,}" for c in columns]] for a in report.activity]
+        activity = f"<h2>{e(_window_text(report).capitalize())}</h2>" + _html_table(["client", *columns], rows)
     legend_faults = ", ".join(f'<span style="background:{c.rstrip("/")}38;padding:0 .4em">{e(k)}</span>'
                               for k, c in FAULT_COLORS.items() if k in faults)
     body = f"""{verdict}
@@ -370,6 +413,7 @@ def write_html(path: Path, history: History, report: Report, title: str) -> None
 <div class="row"><div>{_html_table(["anomaly", "count"], count_rows)}</div>
 <div><p>{e(", ".join(f"{k} {v}" for k, v in report.stats.items()))}</p>
 <ul>{"".join(f"<li>{e(n)}</li>" for n in report.notes)}</ul></div></div>
+{activity}
 <h2 id="timeline">Operations over time</h2>
 <p>One row per client. Bars: transactions from their first send to the answer to their commit or abort,
 coloured by the outcome the client saw. Ticks below a bar: sends (acknowledged or not); dots above:

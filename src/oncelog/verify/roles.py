@@ -114,6 +114,12 @@ class RoleSpec:
         return self.kind in ("producer", "copier")
 
 
+# Slots of Controls.counters: what the roles did so far, for the progress line and the fault schedule
+# (a broker-kill waits until the writing roles committed again since the last one).
+TXNS, POLLS, COPIER_TXNS, PRODUCER_COMMITS, COPIER_COMMITS = range(5)
+COUNTERS = 5
+
+
 @dataclass
 class Controls:
     """Shared with the worker processes (multiprocessing primitives, picklable at spawn)."""
@@ -122,7 +128,7 @@ class Controls:
     stop_all: Any  # Event: copiers and readers stop
     commands: dict[str, Any]  # role name -> Queue of "zombie" | "crash"
     done: dict[str, Any]  # role name -> Event set when the role's loop returned
-    counters: Any  # Array('q', 3): transactions, polls, copier transactions
+    counters: Any  # Array('q', COUNTERS), indexed by the slots above
 
 
 class Recorder:
@@ -344,7 +350,9 @@ def producer_loop(spec: RunSpec, role: RoleSpec, ctl: Controls, rec: Recorder) -
             rec.write("send", s)
         rec.write("txn", Txn(name, txn_no, outcome, start, rec.ms(), [s.value for s in sends],
                              fenced_ms=fenced_ms))
-        rec.count(0)
+        rec.count(TXNS)
+        if outcome == "committed" and fenced_ms < 0:
+            rec.count(PRODUCER_COMMITS)
 
 
 def _idempotent_loop(spec: RunSpec, role: RoleSpec, ctl: Controls, rec: Recorder, rng: random.Random) -> None:
@@ -366,7 +374,9 @@ def _idempotent_loop(spec: RunSpec, role: RoleSpec, ctl: Controls, rec: Recorder
         producer.flush(20)
         for s in sends:
             rec.write("send", s)
-        rec.count(0)
+        rec.count(TXNS)
+        if any(s.acked for s in sends):
+            rec.count(PRODUCER_COMMITS)
     producer.flush(20)
 
 
@@ -448,7 +458,7 @@ class _Copier:
             return False
         spec, rec = self.spec, self.rec
         rec.write("poll", Poll(self.session_key, rec.ms(), records, txn_process=self.name, txn=txn_no))
-        rec.count(1)
+        rec.count(POLLS)
         first: dict[int, int] = {}
         last: dict[int, int] = {}
         for p, o, _v in records:
@@ -495,8 +505,10 @@ class _Copier:
             rec.write("send", s)
         rec.write("txn", Txn(self.name, txn_no, outcome, start, rec.ms(), [s.value for s in sends],
                              group=spec.copier_group, offsets=offsets, fenced_ms=fenced_ms))
-        rec.count(0)
-        rec.count(2)
+        rec.count(TXNS)
+        rec.count(COPIER_TXNS)
+        if outcome == "committed" and fenced_ms < 0:
+            rec.count(COPIER_COMMITS)
         if outcome == "committed" and fenced_ms < 0:
             self.observe("commit", set(last))
         elif outcome == "unknown" or replace:
@@ -547,7 +559,7 @@ def reader_loop(spec: RunSpec, role: RoleSpec, ctl: Controls, rec: Recorder) -> 
         if records:
             session = f"{role.name}.g{generation[0]}" if group else role.name
             rec.write("poll", Poll(session, rec.ms(), records))
-            rec.count(1)
+            rec.count(POLLS)
     with contextlib.suppress(Exception):
         c.close()
 
