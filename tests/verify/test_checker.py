@@ -79,6 +79,26 @@ def test_unacknowledged_non_transactional_sends_are_not_required() -> None:
     assert kinds(h) == {"unseen": 1}  # acknowledged at offset 0, but the final read returned nothing
 
 
+def test_a_write_lost_at_the_end_of_a_partition_is_lost_when_the_final_read_reached_the_end(
+        tmp_path: Path) -> None:
+    """The final read returned 0/0 and 0/1 and read partition 0 up to its end, 7 (d at 0/5, its marker
+    at 6): d is lost, not unseen. It was labelled unseen because the final read's last record (0/1)
+    was below d's offset; the end offsets the final read reached are recorded now."""
+    h = base()
+    h.polls = [Poll("c1", 20, [(0, 0, "a"), (0, 1, "b")]),
+               Poll("final", 30, [(0, 0, "a"), (0, 1, "b")], final=True, ends={0: 7})]
+    assert kinds(h) == {"lost-write": 1}
+    detail = check(h).anomalies[0].detail
+    assert detail.startswith("d (process p1, txn 2) was committed but the final read did not return it")
+    assert "acknowledged at 0/5; the final read read every offset of partition 0 below 7" in detail
+    h.dump(tmp_path / "h.jsonl")  # the end offsets survive the file
+    assert kinds(History.load(tmp_path / "h.jsonl")) == {"lost-write": 1}
+    # an end below the acknowledged offset: the final read could not reach it
+    h.polls[-1].ends = {0: 5}
+    assert kinds(h) == {"unseen": 1}
+    assert "the final read ended at 0/5, the partition's end when it started" in check(h).anomalies[0].detail
+
+
 def test_unseen_acknowledged_write() -> None:
     h = base()
     # the final read stopped at offset 1, short of the committed "d" acknowledged at offset 5

@@ -185,6 +185,32 @@ def test_committed_offset_read_back_below_a_commit() -> None:
     assert "as 3, below the 6 that x0 txn 2 had committed" in details(h, "offset-commit-mismatch")[0]
 
 
+def test_a_transaction_that_consumed_below_the_committed_offset_is_named() -> None:
+    """x0's position went back to 0 by itself: txn 2 re-read a and committed offset 1 after txn 1 had
+    committed 3. The broker answers the read-back right (1); what went wrong is txn 2, and the anomaly
+    says so instead of "below the 3 that x0 txn 1 had committed" (probe s36,
+    repro_backwards_commit.py). Read back twice, it is reported once."""
+    h = History()
+    h.sends = [Send("p0", 1, "a", 0, 0, True, 1), Send("p0", 1, "b", 0, 1, True, 1),
+               Send("x0", 1, "c:a@x0.1", 0, 3, True, 12, source="a"),
+               Send("x0", 1, "c:b@x0.1", 0, 4, True, 12, source="b"),
+               Send("x0", 2, "c:a@x0.2", 0, 6, True, 32, source="a")]
+    h.txns = [Txn("p0", 1, "committed", 5, 6, ["a", "b"]),
+              Txn("x0", 1, "committed", 14, 15, ["c:a@x0.1", "c:b@x0.1"], group=G, offsets={0: 3}),
+              Txn("x0", 2, "committed", 34, 35, ["c:a@x0.2"], group=G, offsets={0: 1})]
+    h.polls = [Poll("x0.1", 10, [(0, 0, "a"), (0, 1, "b")], txn_process="x0", txn=1),
+               Poll("x0.2", 30, [(0, 0, "a")], txn_process="x0", txn=2),
+               Poll("final", 90, [(0, 0, "a"), (0, 1, "b"), (0, 3, "c:a@x0.1"), (0, 4, "c:b@x0.1"),
+                                  (0, 6, "c:a@x0.2")], final=True)]
+    h.offsets = [Offsets("x0", G, 16, 17, "commit", {0: 3}), Offsets("x0", G, 36, 37, "commit", {0: 1}),
+                 Offsets("x1", G, 40, 41, "commit", {0: 1})]
+    found = details(h, "offset-commit-mismatch")
+    assert found == ["x0 txn 2 committed offset 1 for partition 0 (it consumed 0/0-0) after x0 txn 1 had "
+                     "committed 3: a committed transaction consumed input below the group's committed offset "
+                     "(x0 read 1 back at t=36 ms)"]
+    assert kinds(h)["output-duplicate"] == 1  # a copied twice
+
+
 def test_committed_offset_nobody_sent_or_only_an_aborted_transaction_sent() -> None:
     h = copier()
     h.offsets[1] = Offsets("x0", G, 51, 53, "commit", {0: 7})

@@ -37,6 +37,8 @@ def test_short_seeded_run_with_faults_against_oncelog_finds_nothing(tmp_path: Pa
     assert any(s.source for s in h.sends) and any(o.after == "commit" for o in h.offsets)
     assert {p.process.split(".")[0] for p in h.polls} >= {"c0", "c1", "x0", "x1", "final"}
     assert check(h).stats["wr-edges"] > 0  # copier transactions read what others wrote
+    final = next(p for p in h.polls if p.final)
+    assert set(final.ends) == {0, 1, 2} and all(end > 0 for end in final.ends.values())
 
 
 @pytest.mark.timeout(300)

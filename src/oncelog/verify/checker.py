@@ -112,9 +112,13 @@ class Index:
         self.final_values: set[str] = set()
         self.final_max: dict[int, int] = {}
         self.final_order: dict[int, list[tuple[int, str]]] = defaultdict(list)
+        self.final_ends: dict[int, int] = {}  # partition -> the end offset the final read read up to
         self.has_final = False
         for p in h.polls:
             self.has_final |= p.final
+            if p.final:
+                for partition, end in p.ends.items():
+                    self.final_ends[partition] = max(end, self.final_ends.get(partition, end))
             for partition, offset, value in p.records:
                 if partition < 0 or offset < 0:
                     self.bad_reads.append((p, partition, offset, value))
@@ -151,6 +155,13 @@ class Index:
                 self.visible.add(s.value)
             elif state == "aborted":
                 self.forbidden.add(s.value)
+
+    def final_reached(self, partition: int) -> int:
+        """The offset below which the final read read everything in ``partition``: the end offset it
+        recorded (the LSO when it started), or one past the last offset it returned (older
+        histories, and records it returned past that end)."""
+        past_last = self.final_max.get(partition, -1) + 1
+        return max(self.final_ends.get(partition, past_last), past_last)
 
     def key_of(self, value: str) -> TxnKey | None:
         s = self.writer.get(value)
@@ -226,18 +237,25 @@ def check_aborted_and_early_reads(ix: Index, r: Report) -> None:
 
 def check_lost(ix: Index, r: Report) -> None:
     """lost-write: committed, but the final read passed its position without returning it;
-    unseen: committed and acknowledged at a position the final read never reached."""
+    unseen: committed and acknowledged at a position the final read never reached. Where the final
+    read ended is its recorded end offset (so a lost write at a partition's end, past the last record
+    it returned but below that end, is a lost write), or one past its last record in older histories."""
     if not ix.has_final:
         r.notes.append("no final read in the history: lost writes were not checked")
         return
     for value in sorted(ix.must_exist - ix.final_values):
         s = ix.writer[value]
         who = f"{value} (process {s.process}, txn {s.txn})"
-        if s.acked and s.offset >= 0 and ix.final_max.get(s.partition, -1) < s.offset:
-            r.add("unseen", f"{who} was acknowledged at {s.partition}/{s.offset} but the final read stopped "
-                            f"at {s.partition}/{ix.final_max.get(s.partition, -1)}")
+        reached = ix.final_reached(s.partition)
+        known = s.partition in ix.final_ends
+        if s.acked and s.offset >= 0 and s.offset >= reached:
+            where = (f"ended at {s.partition}/{reached}, the partition's end when it started" if known
+                     else f"stopped at {s.partition}/{reached - 1}")
+            r.add("unseen", f"{who} was acknowledged at {s.partition}/{s.offset} but the final read {where}")
             continue
-        r.add("lost-write", f"{who} was committed but the final read did not return it")
+        passed = (f" (acknowledged at {s.partition}/{s.offset}; the final read read every offset of partition "
+                  f"{s.partition} below {reached})" if known and s.acked and s.offset >= 0 else "")
+        r.add("lost-write", f"{who} was committed but the final read did not return it{passed}")
 
 
 def check_atomicity(ix: Index, r: Report) -> None:
@@ -390,6 +408,7 @@ def check_committed_offsets(ix: Index, r: Report) -> None:
     valid: dict[tuple[str, int], set[int]] = defaultdict(set)
     aborted_sent: dict[tuple[str, int], dict[int, TxnKey]] = defaultdict(dict)
     done: dict[tuple[str, int], list[tuple[int, int, TxnKey]]] = defaultdict(list)
+    committed_sent: dict[tuple[str, int], dict[int, list[Txn]]] = defaultdict(lambda: defaultdict(list))
     for t in txns:
         key = (t.process, t.txn)
         state = ix.status.get(key)
@@ -401,6 +420,8 @@ def check_committed_offsets(ix: Index, r: Report) -> None:
             valid[gp].add(off)
             if state == "committed":
                 done[gp].append((t.end_ms, off, key))
+                committed_sent[gp][off].append(t)
+    backwards: set[tuple[TxnKey, int]] = set()  # (transaction, partition) already reported as going back
     prefix: dict[tuple[str, int], tuple[list[int], list[tuple[int, TxnKey]]]] = {}
     for gp, items in done.items():
         items.sort()
@@ -425,7 +446,26 @@ def check_committed_offsets(ix: Index, r: Report) -> None:
                 if low_key is not None:
                     r.add("offset-commit-mismatch", f"{who} (none), but {_name(low_key)} had committed {low}")
             elif c < low and low_key is not None:
-                r.add("offset-commit-mismatch", f"{who}, below the {low} that {_name(low_key)} had committed")
+                # Did a later committed transaction send this lower offset? Then the broker answered
+                # right, and what went wrong is that transaction: it consumed input below the group's
+                # committed offset (its consumer's position went back), and committed it.
+                low_end = ix.txns[low_key].end_ms
+                later = sorted((t for t in committed_sent.get(gp, {}).get(c, [])
+                                if low_end < t.end_ms and t.commit_started_ms <= obs.end_ms),
+                               key=lambda t: t.end_ms)
+                if not later:
+                    r.add("offset-commit-mismatch", f"{who}, below the {low} that {_name(low_key)} had committed")
+                else:
+                    back = (later[0].process, later[0].txn)
+                    if (back, partition) not in backwards:  # once per transaction, however often read back
+                        backwards.add((back, partition))
+                        span = consumed.get(back, {}).get(partition)
+                        input_ = f" (it consumed {partition}/{span[0]}-{span[1]})" if span else ""
+                        r.add("offset-commit-mismatch",
+                              f"{_name(back)} committed offset {c} for partition {partition}{input_} after "
+                              f"{_name(low_key)} had committed {low}: a committed transaction consumed input "
+                              f"below the group's committed offset ({obs.process} read {c} back at "
+                              f"t={obs.start_ms} ms)")
             elif c not in valid.get(gp, set()):
                 origin = aborted_sent.get(gp, {}).get(c)
                 why = f", sent only by aborted {_name(origin)}" if origin else ", an offset no transaction sent"

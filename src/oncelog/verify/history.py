@@ -58,6 +58,9 @@ class Poll:
     final: bool = False
     txn_process: str = ""  # a poll inside a consume-transform-produce transaction: that transaction
     txn: int = -1
+    # The final read: partition -> the end offset (the LSO) it read up to, every offset below it read
+    # (empty in histories recorded before it was kept).
+    ends: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -193,8 +196,9 @@ def normalized(h: History) -> History:
         records = p.records
         if not all(_is_int(r[0]) and _is_int(r[1]) and isinstance(r[2], str) for r in records):
             records = [(_int(r[0]), _int(r[1]), str(r[2])) for r in records]
-        if records is not p.records or not (_is_int(p.time_ms) and _is_int(p.txn)):
-            p = replace(p, records=records, time_ms=_int(p.time_ms, 0), txn=_int(p.txn))
+        ends_ok = all(_is_int(k) and _is_int(v) for k, v in p.ends.items())
+        if records is not p.records or not (_is_int(p.time_ms) and _is_int(p.txn) and ends_ok):
+            p = replace(p, records=records, time_ms=_int(p.time_ms, 0), txn=_int(p.txn), ends=_offset_map(p.ends))
         out.polls.append(p)
     for o in h.offsets:
         if not (_is_int(o.start_ms) and all(_is_int(k) and _is_int(v) for k, v in o.offsets.items())):
@@ -236,6 +240,7 @@ def parse_line(d: Any) -> tuple[str | None, Any]:
         d["time_ms"] = _int(d.get("time_ms"), 0)
         d["records"] = [(_int(r[0]), _int(r[1]), str(r[2])) for r in d["records"]]
         d["txn"] = _int(d.get("txn"))
+        d["ends"] = _offset_map(d.get("ends"))
     elif cls is Offsets:
         d["offsets"] = _offset_map(d.get("offsets"))
         d["start_ms"] = _int(d.get("start_ms"), 0)

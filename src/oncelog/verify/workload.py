@@ -251,8 +251,10 @@ class Workload:
         return Consumer(client_conf(self.bootstrap, **{"group.id": group, "isolation.level": "read_committed",
                                                        "enable.auto.commit": False}))
 
-    def _read_range(self, start: dict[int, int], deadline_s: float, label: str) -> list[tuple[int, int, str]]:
-        """Read every partition from ``start`` (-1: the beginning) to its end (the LSO) at read_committed."""
+    def _read_range(self, start: dict[int, int], deadline_s: float,
+                    label: str) -> tuple[list[tuple[int, int, str]], dict[int, int]]:
+        """Read every partition from ``start`` (-1: the beginning) to its end (the LSO) at read_committed:
+        the records, and the end offsets it read up to (every offset below them was read)."""
         c = self._consumer(f"{self.prefix}-{label}")
         try:
             deadline = time.monotonic() + deadline_s
@@ -280,7 +282,7 @@ class Workload:
             if len(done) < PARTITIONS:
                 raise WorkloadError(f"{label}: the read did not reach the end of every partition "
                                     f"(ends {ends}, reached {sorted(done)})")
-            return records
+            return records, ends
         finally:
             c.close()
 
@@ -298,7 +300,7 @@ class Workload:
                     committed = {int(tp.partition): int(tp.offset) for tp in got}
                     if committed != previous:
                         previous, moved = committed, time.monotonic()
-                    left = self._read_range(committed, 20, "tail")
+                    left, _ends = self._read_range(committed, 20, "tail")
                     if not left:
                         self.history.meta["drained"] = True
                         return
@@ -399,8 +401,8 @@ class Workload:
             why = "; ".join(self.history.meta["errors"][:3]) or "no client sent anything"
             raise WorkloadError(f"the workload did not run: {why}")
         self.progress("final read of every partition")
-        records = self._read_range({}, 120 + len(self.history.sends) / 500, "final")
-        self.history.polls.append(Poll("final", self.clock.ms(), records, final=True))
+        records, ends = self._read_range({}, 120 + len(self.history.sends) / 500, "final")
+        self.history.polls.append(Poll("final", self.clock.ms(), records, final=True, ends=ends))
         if self.txn and not any(t.outcome == "committed" for t in self.history.txns):
             raise WorkloadError("no transaction committed: the broker does not support transactions?")
         return self.history
