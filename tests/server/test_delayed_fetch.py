@@ -77,3 +77,27 @@ def test_open_transaction_appends_wake_but_do_not_reread(tmp_path: Path, monkeyp
             assert len(reads) == 1 and records
     finally:
         b.close()
+
+
+def test_a_waiting_fetch_cancelled_as_an_append_arrives_stays_cancelled(tmp_path: Path) -> None:
+    """A connection's task cancelled (the client gone, the broker stopping) in the same turn of the
+    loop as an append woke its fetch: Python 3.11's ``asyncio.wait_for`` returned instead of
+    raising, so the fetch went on and read; at a broker's stop that read closed segments (EBADF,
+    an internal error in the log, caught by test_inline_handling under CI load)."""
+    b = InProcessBroker(tmp_path / "d")
+    try:
+        b.create_topic("t", 1)
+
+        async def main() -> None:
+            task = asyncio.ensure_future(b.broker.wait_for_append([("t", 0)], 10))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            b.broker.notify_append(("t", 0))
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        b.loop.run_until_complete(main())
+        assert not b.broker._waiters  # nothing left behind
+    finally:
+        b.close()

@@ -121,6 +121,11 @@ def lock_data_dir(data_dir: Path) -> int:
     return fd
 
 
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class Broker:
     def __init__(self, config: BrokerConfig, clock: Clock | None = None) -> None:
         from oncelog.server.handlers import HANDLERS
@@ -276,11 +281,14 @@ class Broker:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        # Every connection's handling ends before the logs close (a fetch waiting for appends would
+        # otherwise read closed segments).
+        handling = [conn.task for conn in self.connections if conn.task is not None and not conn.task.done()]
         for conn in list(self.connections):
             conn.close()
-        for t in self._tasks:
+        for t in [*self._tasks, *handling]:
             t.cancel()
-        for t in self._tasks:
+        for t in [*self._tasks, *handling]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
@@ -641,16 +649,20 @@ class Broker:
                     fut.set_result(None)
 
     async def wait_for_append(self, partitions: Iterable[TopicPartition], timeout_s: float) -> None:
-        """Return when any of ``partitions`` gets an append, or after ``timeout_s``."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Return when any of ``partitions`` gets an append, or after ``timeout_s``; raise
+        CancelledError if the waiting task is cancelled, even when an append comes in the same turn
+        of the loop. (``asyncio.wait_for`` of Python 3.11 returned then instead: the fetch of a
+        connection gone at a broker's stop went on to read logs already closed, EBADF.)"""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
         tps = list(partitions)
         for tp in tps:
             self._waiters.setdefault(tp, set()).add(fut)
+        timer = loop.call_later(max(timeout_s, 0), _resolve, fut)
         try:
-            await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError:
-            pass
+            await fut
         finally:
+            timer.cancel()
             for tp in tps:
                 s = self._waiters.get(tp)
                 if s is not None:
