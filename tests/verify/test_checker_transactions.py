@@ -211,6 +211,39 @@ def test_a_transaction_that_consumed_below_the_committed_offset_is_named() -> No
     assert kinds(h)["output-duplicate"] == 1  # a copied twice
 
 
+def rewound(first_read: int, session: str = "x0.2") -> History:
+    """x0 txn 1 reads a, b (0/0, 0/1) and aborts; its consumer is sought back to 0/0 and session x0.2
+    follows; x0 txn 2 then reads from ``first_read`` in ``session`` and commits."""
+    h = History(meta={"drained": True})
+    h.sends = [Send("p0", 1, "a", 0, 0, True, 1), Send("p0", 1, "b", 0, 1, True, 1),
+               Send("x0", 1, "c:a@x0.1", 0, 3, True, 22, source="a"),
+               Send("x0", 2, "c:a@x0.2", 0, 5, True, 42, source="a"),
+               Send("x0", 2, "c:b@x0.2", 0, 6, True, 42, source="b")]
+    h.txns = [Txn("p0", 1, "committed", 5, 10, ["a", "b"]),
+              Txn("x0", 1, "aborted", 25, 30, ["c:a@x0.1"], group=G, offsets={0: 2}, rewound={0: 0},
+                  rewind_session="x0.2"),
+              Txn("x0", 2, "committed", 45, 50, ["c:a@x0.2", "c:b@x0.2"], group=G, offsets={0: 2})]
+    read = [(0, o, v) for o, v in ((0, "a"), (1, "b")) if o >= first_read]
+    h.polls = [Poll("x0.1", 20, [(0, 0, "a"), (0, 1, "b")], txn_process="x0", txn=1),
+               Poll(session, 40, read, txn_process="x0", txn=2),
+               Poll("final", 200, [(0, 0, "a"), (0, 1, "b"), (0, 5, "c:a@x0.2"), (0, 6, "c:b@x0.2")], final=True)]
+    if first_read > 0:  # b's copy only
+        h.sends = [s for s in h.sends if s.value != "c:a@x0.2"]
+        h.txns[2].values = ["c:b@x0.2"]
+        h.polls[2].records.remove((0, 5, "c:a@x0.2"))
+    return h
+
+
+def test_a_copier_reads_again_from_where_it_was_sought_back() -> None:
+    assert check(rewound(0)).ok
+    h = rewound(1)  # the position stayed at 1 (or moved) after the seek back to 0: a is never copied
+    assert kinds(h) == {"rewind-mismatch": 1, "output-missing": 1}
+    assert details(h, "rewind-mismatch") == ["x0.2 read 0/1 first, but x0 txn 1 did not commit and its consumer "
+                                             "was sought back to 0/0"]
+    # a rebalance started another session: it resumes from the committed offset, not the seek
+    assert "rewind-mismatch" not in kinds(rewound(1, session="x0.3"))
+
+
 def test_committed_offset_nobody_sent_or_only_an_aborted_transaction_sent() -> None:
     h = copier()
     h.offsets[1] = Offsets("x0", G, 51, 53, "commit", {0: 7})

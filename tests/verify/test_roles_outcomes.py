@@ -104,10 +104,11 @@ class FakeConsumer:
     def consumer_group_metadata(self) -> object:
         return object()
 
+    def seek(self, tp: Any) -> None:
+        self.sought = (tp.partition, tp.offset)
 
-def test_a_copier_whose_send_offsets_hangs_records_its_transaction_aborted(tmp_path: Path) -> None:
-    """send_offsets_to_transaction got no answer (the watchdog gave up): no commit was requested, so
-    the transaction is aborted (the replacement's InitProducerId aborts it); it was recorded unknown."""
+
+def copier_with(producer: FakeProducer, tmp_path: Path) -> tuple[_Copier, list[int]]:
     spec = RunSpec("127.0.0.1:1", "t", 1, True, 0.0, str(tmp_path), "v", 3)
     ctl = Controls(stop_writes=threading.Event(), stop_all=threading.Event(), commands={}, done={},
                    counters=Counters([0] * 5))
@@ -116,13 +117,35 @@ def test_a_copier_whose_send_offsets_hangs_records_its_transaction_aborted(tmp_p
     copier.rec = Recorder(tmp_path / "x0.jsonl", 0.0, ctl.counters)
     copier.rng, copier.session, copier.pending_assign = random.Random(1), 0, set()
     copier.consumer = FakeConsumer()  # type: ignore[assignment]
-    copier.producer = FakeProducer(send_offsets=Stuck("no answer"))  # type: ignore[assignment]
+    copier.producer = producer  # type: ignore[assignment]
     restarts: list[int] = []
     copier.restart = lambda: restarts.append(1)  # type: ignore[method-assign]
-    assert copier.step(1)
+    return copier, restarts
+
+
+def recorded_txns(copier: _Copier, tmp_path: Path) -> list[dict[str, Any]]:
     copier.rec.close()
-    txns = [d for d in map(json.loads, (tmp_path / "x0.jsonl").read_text().splitlines()) if d["type"] == "txn"]
+    lines = (tmp_path / "x0.jsonl").read_text().splitlines()
+    return [d for d in map(json.loads, lines) if d["type"] == "txn"]
+
+
+def test_a_copier_whose_send_offsets_hangs_records_its_transaction_aborted(tmp_path: Path) -> None:
+    """send_offsets_to_transaction got no answer (the watchdog gave up): no commit was requested, so
+    the transaction is aborted (the replacement's InitProducerId aborts it); it was recorded unknown."""
+    copier, restarts = copier_with(FakeProducer(send_offsets=Stuck("no answer")), tmp_path)
+    assert copier.step(1)
+    txns = recorded_txns(copier, tmp_path)
     assert [t["outcome"] for t in txns] == ["aborted"] and restarts == [1]
+    assert txns[0]["rewound"] == {} and txns[0]["rewind_session"] == ""  # restarted, not sought back
+
+
+def test_a_copier_that_aborts_records_where_it_sought_its_consumer_back(tmp_path: Path) -> None:
+    copier, restarts = copier_with(FakeProducer(commit=ABORTABLE), tmp_path)
+    assert copier.step(1)
+    txns = recorded_txns(copier, tmp_path)
+    assert [t["outcome"] for t in txns] == ["aborted"] and restarts == []
+    assert txns[0]["rewound"] == {"0": 0} and txns[0]["rewind_session"] == "x0.1" == copier.session_key
+    assert copier.consumer.sought == (0, 0)  # type: ignore[attr-defined]
 
 
 def test_an_aborted_transaction_made_visible_is_an_aborted_read() -> None:

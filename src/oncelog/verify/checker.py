@@ -27,7 +27,7 @@ from oncelog.verify.history import History, Poll, Send, Txn, normalized
 KINDS = ("lost-write", "unseen", "torn-transaction", "duplicate", "inconsistent-offset", "aborted-read",
          "read-above-lso", "garbage-read", "missing-offset", "zombie-accepted", "non-monotonic-send",
          "non-monotonic-poll", "poll-skip", "output-missing", "output-duplicate", "output-stalled",
-         "offset-commit-mismatch", "G1c")
+         "offset-commit-mismatch", "rewind-mismatch", "G1c")
 
 TxnKey = tuple[str, int]
 
@@ -482,6 +482,24 @@ def check_committed_offsets(ix: Index, r: Report) -> None:
                                                     f"its first read was {partition}/{first}, skipping {skipped[:5]}")
 
 
+def check_rewinds(ix: Index, r: Report) -> None:
+    """rewind-mismatch: a copier transaction that did not commit has its consumer sought back to the
+    transaction's first offsets (recorded as ``rewound``, with the session that follows); that
+    session's first read of each such partition must be at that offset. Elsewhere, the position moved
+    by itself: below, input already committed is copied again; above, input is skipped. A rebalance
+    starts another session, so it is not mistaken for one. O(R)."""
+    firsts = _first_reads(ix)
+    for t in ix.copier_txns():
+        if not t.rewind_session:
+            continue
+        for partition, target in sorted(t.rewound.items()):
+            got = firsts.get((t.rewind_session, partition))
+            if got is not None and got != target:
+                r.add("rewind-mismatch", f"{t.rewind_session} read {partition}/{got} first, but "
+                                         f"{_name((t.process, t.txn))} did not commit and its consumer was sought "
+                                         f"back to {partition}/{target}")
+
+
 def _first_reads(ix: Index) -> dict[tuple[str, int], int]:
     first: dict[tuple[str, int], tuple[int, int]] = {}
     for p, partition, offset, _value in ix.reads:
@@ -646,7 +664,7 @@ def check_coverage(ix: Index, r: Report) -> None:
 CHECKS: tuple[Callable[[Index, Report], None], ...] = (
     check_offsets_present, check_garbage, check_offsets_agree, check_aborted_and_early_reads, check_lost,
     check_atomicity, check_zombies, check_send_order, check_polls, check_output, check_committed_offsets,
-    check_cycles, check_coverage)
+    check_rewinds, check_cycles, check_coverage)
 
 
 def check(h: History, checks: Iterable[Callable[[Index, Report], None]] = CHECKS) -> Report:

@@ -48,6 +48,10 @@ class Txn:
     group: str = ""  # consume-transform-produce: the consumer group whose offsets the transaction carries
     offsets: dict[int, int] = field(default_factory=dict)  # partition -> offset sent to the transaction
     fenced_ms: int = -1  # a newer instance with the same transactional.id fenced this one at this time
+    # A copier transaction that did not commit: the partitions its consumer was sought back to (the
+    # transaction's first offsets), and the consumer session whose reads follow that seek.
+    rewound: dict[int, int] = field(default_factory=dict)
+    rewind_session: str = ""
 
 
 @dataclass
@@ -188,9 +192,9 @@ def normalized(h: History) -> History:
         out.sends.append(s)
     for t in h.txns:
         if not (_is_int(t.txn) and _is_int(t.commit_started_ms) and _is_int(t.end_ms) and _is_int(t.fenced_ms)
-                and all(_is_int(k) and _is_int(v) for k, v in t.offsets.items())):
+                and all(_is_int(k) and _is_int(v) for k, v in [*t.offsets.items(), *t.rewound.items()])):
             t = replace(t, txn=_int(t.txn), commit_started_ms=_int(t.commit_started_ms), end_ms=_int(t.end_ms),
-                        fenced_ms=_int(t.fenced_ms), offsets=_offset_map(t.offsets))
+                        fenced_ms=_int(t.fenced_ms), offsets=_offset_map(t.offsets), rewound=_offset_map(t.rewound))
         out.txns.append(t)
     for p in h.polls:
         records = p.records
@@ -236,6 +240,8 @@ def parse_line(d: Any) -> tuple[str | None, Any]:
         d["values"] = [str(v) for v in d.get("values") or []]
         d["offsets"] = _offset_map(d.get("offsets"))
         d["fenced_ms"] = _int(d.get("fenced_ms"))
+        d["rewound"] = _offset_map(d.get("rewound"))
+        d["rewind_session"] = str(d.get("rewind_session") or "")
     elif cls is Poll:
         d["time_ms"] = _int(d.get("time_ms"), 0)
         d["records"] = [(_int(r[0]), _int(r[1]), str(r[2])) for r in d["records"]]

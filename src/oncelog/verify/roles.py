@@ -426,14 +426,18 @@ class _Copier:
             self.rec.write("offsets", Offsets(self.name, self.spec.copier_group, start, self.rec.ms(), after,
                                               offsets, self.session_key))
 
-    def rewind(self, first: dict[int, int]) -> None:
-        """An aborted transaction's input must be consumed again: seek back to where it started."""
+    def rewind(self, first: dict[int, int]) -> dict[int, int]:
+        """An aborted transaction's input must be consumed again: seek back to where it started. The
+        partitions sought (the next reads of each, in the new session, must start there)."""
         self.session += 1
+        sought = {}
         for p, o in first.items():
             try:
                 self.consumer.seek(TopicPartition(self.spec.topic, p, o))
+                sought[p] = o
             except KafkaException:
                 pass  # no longer assigned: the next owner resumes from the committed offset
+        return sought
 
     def restart(self) -> None:
         """After an unknown outcome or a producer that failed: new instances settle the transaction
@@ -501,20 +505,22 @@ class _Copier:
                 start = rec.ms()
                 outcome, usable = _finish(self.producer, self.rng.random() < 0.1)
                 replace = not usable
+        end = rec.ms()
+        committed = outcome == "committed" and fenced_ms < 0
+        restart = outcome == "unknown" or replace
+        rewound = {} if committed or restart else self.rewind(first)
         for s in sends:
             rec.write("send", s)
-        rec.write("txn", Txn(self.name, txn_no, outcome, start, rec.ms(), [s.value for s in sends],
-                             group=spec.copier_group, offsets=offsets, fenced_ms=fenced_ms))
+        rec.write("txn", Txn(self.name, txn_no, outcome, start, end, [s.value for s in sends],
+                             group=spec.copier_group, offsets=offsets, fenced_ms=fenced_ms, rewound=rewound,
+                             rewind_session=self.session_key if rewound else ""))
         rec.count(TXNS)
         rec.count(COPIER_TXNS)
-        if outcome == "committed" and fenced_ms < 0:
+        if committed:
             rec.count(COPIER_COMMITS)
-        if outcome == "committed" and fenced_ms < 0:
             self.observe("commit", set(last))
-        elif outcome == "unknown" or replace:
+        elif restart:
             self.restart()
-        else:
-            self.rewind(first)
         return True
 
     def run(self) -> None:
