@@ -45,6 +45,7 @@ COPY_PREFIX = "c:"
 # purpose, so they go to a silent logger instead of stderr.
 _QUIET = logging.getLogger("oncelog.verify.librdkafka")
 _QUIET.addHandler(logging.NullHandler())
+log = logging.getLogger("oncelog.verify")
 _QUIET.propagate = False
 
 
@@ -388,6 +389,8 @@ class _Copier:
         self.rng = random.Random(spec.seed * 1000 + 500 + role.index)
         self.session = 0
         self.pending_assign: set[int] = set()
+        # Where each partition's next read must start, where the copier knows it (see ``_moved_back``).
+        self.expected: dict[int, int] = {}
         self.consumer = self._consumer()
         self.producer = _txn_producer(spec, self.tid, ctl.stop_all)
         self.fence = _Fence(spec, self.tid, ctl, rec, self.name, random.Random(spec.seed * 1000 + 950 + role.index))
@@ -400,10 +403,12 @@ class _Copier:
         def on_assign(_consumer: Any, partitions: Any) -> None:
             self.session += 1
             self.pending_assign = {tp.partition for tp in partitions}
+            self.expected = {}
 
         def on_revoke(_consumer: Any, _partitions: Any) -> None:
             self.session += 1
             self.pending_assign = set()
+            self.expected = {}
 
         c.subscribe([self.spec.topic], on_assign=on_assign, on_revoke=on_revoke)
         return c
@@ -422,6 +427,8 @@ class _Copier:
         except KafkaException:
             return
         offsets = {int(tp.partition): _offset(tp.offset) for tp in got if tp.error is None}
+        if after == "assign":
+            self.expected.update({p: o for p, o in offsets.items() if o >= 0 and p not in self.expected})
         if offsets:
             self.rec.write("offsets", Offsets(self.name, self.spec.copier_group, start, self.rec.ms(), after,
                                               offsets, self.session_key))
@@ -437,7 +444,27 @@ class _Copier:
                 sought[p] = o
             except KafkaException:
                 pass  # no longer assigned: the next owner resumes from the committed offset
+        self.expected.update(sought)
         return sought
+
+    def _moved_back(self, first: dict[int, int]) -> bool:
+        """The consumer's position went back by itself: a read starts below where the copier knows
+        the partition stands (after a commit, a rewind or the assignment's committed offset). Seen
+        with librdkafka 2.16 (probe s36): an offset lookup (auto.offset.reset) whose answer comes
+        after a rebalance or a seek is out of date, yet arms a 500 ms timer that looks the offset up
+        again in any state and moves an active partition back to it, undoing the copier's seek; the
+        copier then copied its input twice. Kafka's Java consumer has no such path. The records are
+        dropped and every partition read is sought back to where it stood (a later read may start
+        above it: aborted records and markers are skipped under read_committed)."""
+        back = {p: self.expected[p] for p, o in first.items() if p in self.expected and o < self.expected[p]}
+        if not back:
+            return False
+        log.warning("%s: the consumer's position moved back by itself (%s): sought again, nothing copied", self.name,
+                    ", ".join(f"partition {p} read from {first[p]}, not {o}" for p, o in sorted(back.items())))
+        for p, o in first.items():
+            with contextlib.suppress(KafkaException):
+                self.consumer.seek(TopicPartition(self.spec.topic, p, back.get(p, o)))
+        return True
 
     def restart(self) -> None:
         """After an unknown outcome or a producer that failed: new instances settle the transaction
@@ -446,6 +473,7 @@ class _Copier:
         with contextlib.suppress(Exception):
             self.consumer.close()
         self.pending_assign = set()
+        self.expected = {}
         self.producer = _txn_producer(self.spec, self.tid, self.ctl.stop_all)
         self.consumer = self._consumer()
 
@@ -460,15 +488,17 @@ class _Copier:
             self.observe("assign", pending)
         if not records:
             return False
-        spec, rec = self.spec, self.rec
-        rec.write("poll", Poll(self.session_key, rec.ms(), records, txn_process=self.name, txn=txn_no))
-        rec.count(POLLS)
         first: dict[int, int] = {}
         last: dict[int, int] = {}
         for p, o, _v in records:
             if p >= 0 and o >= 0:
                 first[p] = min(first.get(p, o), o)
                 last[p] = max(last.get(p, o), o)
+        if self._moved_back(first):
+            return False
+        spec, rec = self.spec, self.rec
+        rec.write("poll", Poll(self.session_key, rec.ms(), records, txn_process=self.name, txn=txn_no))
+        rec.count(POLLS)
         sends: list[Send] = []
         offsets: dict[int, int] = {}
         outcome = ""
@@ -518,6 +548,7 @@ class _Copier:
         rec.count(COPIER_TXNS)
         if committed:
             rec.count(COPIER_COMMITS)
+            self.expected.update({p: o + 1 for p, o in last.items()})
             self.observe("commit", set(last))
         elif restart:
             self.restart()
