@@ -5,6 +5,7 @@ talking to a broker that its fixture has stopped."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -21,3 +22,11 @@ def _no_pooled_clients() -> Iterator[None]:
     clear_all()
     sink._PREPARED.clear()
     sink._SIZED_MS.clear()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A SQLite file, then a fresh PostgreSQL database (``postgres_url``; skipped without PostgreSQL)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'db.sqlite'}"
+    return str(request.getfixturevalue("postgres_url"))

@@ -3,31 +3,13 @@ skipped, racing attempts applied once, a failed batch rolled back (no Spark need
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from oncelog.spark.foreach_batch import PostgresUpsertSink, SqliteUpsertSink, UpsertSink, database_sink
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'db.sqlite'}"
-    return str(request.getfixturevalue("postgres_url"))
-
-
-def query(url: str, sql: str) -> list[tuple[Any, ...]]:
-    if url.startswith("sqlite:///"):
-        with sqlite3.connect(url[len("sqlite:///"):]) as conn:
-            return conn.execute(sql).fetchall()
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        return conn.execute(sql).fetchall()
+from tests.spark.db_helpers import query
 
 
 def test_url_picks_the_backend(tmp_path: Path) -> None:

@@ -17,23 +17,7 @@ import pytest
 
 from oncelog.spark.foreach_batch import database_sink
 from oncelog.testing.postgres import PostgresServer
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'db.sqlite'}"
-    return str(request.getfixturevalue("postgres_url"))
-
-
-def query(url: str, sql: str) -> list[tuple[Any, ...]]:
-    if url.startswith("sqlite:///"):
-        with sqlite3.connect(url[len("sqlite:///"):]) as conn:
-            return conn.execute(sql).fetchall()
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        return conn.execute(sql).fetchall()
+from tests.spark.db_helpers import query
 
 
 def test_a_reused_query_id_is_not_taken_for_a_replay(db_url: str, caplog: pytest.LogCaptureFixture) -> None:
