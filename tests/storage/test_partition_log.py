@@ -144,9 +144,11 @@ def test_retention_takes_a_quiet_topics_last_segment_too(tmp_path: Path) -> None
     plog.close()
     again = open_log(tmp_path, clock, retention_ms=2000)
     assert (again.log_start_offset, again.log_end_offset) == (3, 4)
+    again.close()
     sized = open_log(tmp_path / "b", clock, retention_bytes=0)
     sized.append(batch(2))
     assert sized.apply_retention(clock.now_ms()) == 1 and sized.log_start_offset == 2
+    sized.close()
 
 
 def test_segment_ms_counts_from_the_first_batch_not_from_the_start(tmp_path: Path) -> None:
@@ -168,6 +170,7 @@ def test_segment_ms_counts_from_the_first_batch_not_from_the_start(tmp_path: Pat
         old.append(batch(1, ts=1_000 + i))
         clock.advance(3000)
     assert len(old.segments) == 1, "event time decides, as in Kafka: 2 ms apart"
+    old.close()
 
 
 def test_oversized_batch_is_refused_without_writing(tmp_path: Path) -> None:
