@@ -592,9 +592,7 @@ class LogManager:
                     encoded += len(plog.producer_state.producers)
         if not jobs:
             return None
-        points = {key: (plog.recovery_point, self._topics[plog.topic].topic_id)
-                  for key, plog in self._partitions.items()}
-        return recovery_checkpoint.FlushPass(self._checkpoint_path(), jobs, points)
+        return recovery_checkpoint.FlushPass(self._checkpoint_path(), jobs, self._recovery_points())
 
     def finish_flush_pass(self, flush_pass: recovery_checkpoint.FlushPass) -> None:
         """After ``flush_pass.run()``: each job's recovery point moves (``finish_flush``). Raises
@@ -642,6 +640,10 @@ class LogManager:
         for plog in self._partitions.values():
             plog.close()
 
+    def _recovery_points(self) -> recovery_checkpoint.Points:
+        """Every partition's in-memory recovery point with its topic id, as the checkpoint holds them."""
+        return {key: (plog.recovery_point, self._topics[plog.topic].topic_id) for key, plog in self._partitions.items()}
+
     def checkpoint_at_stop(self) -> None:
         """After :meth:`close`, once no flush pass can run any more (a pass writes the same file):
         the recovery-point checkpoint rewritten with where each partition now stands, as Kafka's
@@ -650,9 +652,7 @@ class LogManager:
         optimisation, so failing to write it is only a warning."""
         if self.dir_state.offline_reason is not None:
             return
-        points = {key: (plog.recovery_point, self._topics[plog.topic].topic_id)
-                  for key, plog in self._partitions.items()}
         try:
-            fileio.fs.write_atomic(self._checkpoint_path(), recovery_checkpoint.encode(points))
+            fileio.fs.write_atomic(self._checkpoint_path(), recovery_checkpoint.encode(self._recovery_points()))
         except OSError as exc:
             log.warning("could not write %s at a clean stop: %s", self._checkpoint_path(), exc)

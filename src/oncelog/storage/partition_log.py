@@ -282,15 +282,7 @@ class PartitionLog:
         recovery_point = max(_read_int_file(self.directory / RECOVERY_POINT_FILE) or 0,
                              self._checkpointed_recovery_point or 0)
         if not bases:
-            start = _read_int_file(self.directory / LOG_START_FILE) or 0
-            self.segments = [LogSegment(self.directory, start, now, self.config.index_interval_bytes)]
-            self._segments_replaced += 1
-            fileio.fs.fsync_dir(self.directory)
-            self.log_start_offset = start
-            self.recovery_point = start
-            # A new log: no snapshot is due until the interval (none on disk means empty producer
-            # state at the first segment's base, see below).
-            self._snapshot_mark = (start, 0, start, now)
+            self._begin_empty(_read_int_file(self.directory / LOG_START_FILE) or 0, now)
             return
         self.segments = []
         for b in bases:  # one at a time: if one cannot be opened, those opened are closed (``__init__``)
@@ -420,13 +412,19 @@ class PartitionLog:
                     self.name, start, self.log_end_offset, start)
         for seg in self.segments:
             seg.delete()
-        self.segments = [LogSegment(self.directory, start, now, self.config.index_interval_bytes)]
-        self._segments_replaced += 1
         fileio.fs.unlink(self.directory / SNAPSHOT_FILE)
-        fileio.fs.fsync_dir(self.directory)
         self.producer_state = ProducerStateManager()
         self.snapshot_offset = None
         self.epochs.truncate_from_start(start)
+        self._begin_empty(start, now)
+
+    def _begin_empty(self, start: int, now: int) -> None:
+        """The log is one empty segment at ``start`` (its name durable), which is its start and its
+        recovery point. No snapshot is due until the interval (none on disk means empty producer
+        state at the first segment's base, see ``_load``)."""
+        self.segments = [LogSegment(self.directory, start, now, self.config.index_interval_bytes)]
+        self._segments_replaced += 1
+        fileio.fs.fsync_dir(self.directory)
         self.log_start_offset = self.recovery_point = start
         self._snapshot_mark = (start, 0, start, now)
 
