@@ -5,8 +5,10 @@ and unlimited timestamps keep batches opaque).
 
 Formats are Kafka's: gzip, snappy in xerial's framing (what the Java client and Kafka write; raw
 snappy, which librdkafka writes, is read too), the LZ4 frame format, zstd frames. The codecs come
-from ``cramjam`` (one wheel for all four). Produce validation decompresses every compressed batch
-with an output bound (``decompress_bounded``), which cramjam cannot give for lz4 and zstd.
+from ``cramjam`` (one wheel for all four), except lz4 output: it is written by python-lz4 with
+Kafka's own frame descriptor (independent 64 KiB blocks), the only kind Kafka's Java reader accepts.
+Produce validation decompresses every compressed batch with an output bound
+(``decompress_bounded``), which cramjam cannot give for lz4 and zstd.
 """
 
 from __future__ import annotations
@@ -73,10 +75,30 @@ def compress(codec: int, data: bytes, level: int | None = None) -> bytes:
             out += struct.pack(">i", len(block)) + block
         return bytes(out)
     if codec == LZ4:
-        return bytes(cramjam.lz4.compress(data, level=level))
+        return _lz4_kafka_frame(data, level)
     if codec == ZSTD:
         return bytes(cramjam.zstd.compress(data, level=level))
     raise ValueError(f"unknown compression codec {codec}")
+
+
+#: The frame descriptor Kafka's Lz4BlockOutputStream writes: FLG 0x60 (version 1, independent blocks,
+#: no block or content checksum, no content size) and BD 0x40 (64 KiB blocks). Its reader
+#: (Lz4BlockInputStream) refuses dependent blocks ("Dependent block stream is unsupported"), which is
+#: what cramjam's and python-lz4's defaults write (FLG 0x54 / 0x64).
+LZ4_KAFKA_FLG = 0x60
+LZ4_KAFKA_BD = 0x40
+
+
+def _lz4_kafka_frame(data: bytes, level: int | None) -> bytes:
+    """An LZ4 frame as Kafka's Java client writes one (see ``LZ4_KAFKA_FLG``). Kafka's default
+    ``compression.lz4.level`` (9) uses lz4-java's fast compressor, any other level its HC one; python-lz4
+    does the same with level 0 and 3-16."""
+    import lz4.frame
+
+    hc = 0 if level is None or level == 9 else max(3, min(level, 16))
+    return bytes(lz4.frame.compress(data, compression_level=hc, block_size=lz4.frame.BLOCKSIZE_MAX64KB,
+                                    block_linked=False, content_checksum=False, block_checksum=False,
+                                    store_size=False))
 
 
 def codec_of(header: rb.BatchHeader) -> int:
