@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import struct
 
+import crc32c
 import lz4.block
 import lz4.frame
 import pytest
@@ -147,3 +148,77 @@ def test_a_batch_recompressed_to_lz4_is_readable_by_kafka() -> None:
     lz4_batch = compression.recompress_batch(plain, header, compression.LZ4, 9)
     new = r.validate_batch(lz4_batch)
     assert_kafka_frame(bytes(lz4_batch[r.HEADER_SIZE:new.size]), b"".join(recs))
+
+
+# --- produce validation refuses the frames Kafka's reader refuses --------------------------------------
+
+def lz4_frame(data: bytes, flg: int, bd: int) -> bytes:
+    """``data`` in one stored block of a frame with this FLG and BD, every optional field FLG asks for
+    present and right (content size, dictionary id, block and content checksums), the header
+    checksum right: only the descriptor's flags can make a reader refuse it."""
+    desc = bytes([flg, bd])
+    if flg & 0x08:
+        desc += struct.pack("<Q", len(data))
+    if flg & 0x01:
+        desc += struct.pack("<I", 7)  # a dictionary id
+    out = struct.pack("<I", MAGIC) + desc + bytes([(xxh32(desc) >> 8) & 0xFF])
+    out += struct.pack("<I", len(data) | 0x80000000) + data
+    if flg & 0x10:
+        out += struct.pack("<I", xxh32(data))
+    out += b"\x00\x00\x00\x00"
+    if flg & 0x04:
+        out += struct.pack("<I", xxh32(data))
+    return out
+
+
+def lz4_batch(frame: bytes, count: int) -> bytes:
+    head = struct.pack(">qiibIhiqqqhii", 0, 0, 0, 2, 0, compression.LZ4, count - 1, 0, 0, -1, -1, -1, count)
+    buf = bytearray(head + frame)
+    struct.pack_into(">i", buf, 8, len(buf) - 12)
+    struct.pack_into(">I", buf, 17, crc32c.crc32c(bytes(buf[21:])))
+    return bytes(buf)
+
+
+RECORDS = b"".join(r.encode_record(i, i, b"k", b"v" * 30) for i in range(5))
+
+
+@pytest.mark.parametrize(("flg", "bd", "why"), [
+    (0x40, 0x40, "Dependent block stream is unsupported"),  # linked blocks: python-lz4's, cramjam's default
+    (0x54, 0x40, "Dependent block stream is unsupported"),
+    (0x61, 0x40, "Reserved bits must be 0"),  # the dictionary id flag
+    (0x62, 0x40, "Reserved bits must be 0"),
+    (0x20, 0x40, "Version 0 is unsupported"),
+    (0xA0, 0x40, "Version 2 is unsupported"),
+    (0x60, 0x41, "Reserved2 field must be 0"),
+    (0x60, 0x48, "Reserved2 field must be 0"),
+    (0x60, 0xC0, "Reserved3 field must be 0"),
+    (0x60, 0x30, "Block size value must be between 4 and 7"),
+    (0x60, 0x00, "Block size value must be between 4 and 7"),
+], ids=lambda v: hex(v) if isinstance(v, int) else None)
+def test_produce_refuses_an_lz4_frame_kafkas_reader_refuses(flg: int, bd: int, why: str) -> None:
+    frame = lz4_frame(RECORDS, flg, bd)
+    with pytest.raises(KafkaRefuses, match=why):
+        kafka_lz4_read(frame)
+    with pytest.raises(r.RecordValidationError, match=f"lz4 records do not decompress: lz4: {why}") as info:
+        r.split_batches(lz4_batch(frame, 5), from_client=True)
+    assert info.value.error_code == 87  # INVALID_RECORD
+
+
+def test_produce_and_kafkas_reader_agree_on_every_descriptor() -> None:
+    """All 256 FLG bytes against block sizes 64 KiB-4 MiB and bad BDs: a batch passes produce
+    validation exactly when Kafka's reader reads its frame."""
+    for bd in (0x40, 0x50, 0x60, 0x70, 0x00, 0x30, 0x44, 0xC0):
+        for flg in range(256):
+            frame = lz4_frame(RECORDS, flg, bd)
+            try:
+                kafka_lz4_read(frame)
+                kafka_reads = True
+            except KafkaRefuses:
+                kafka_reads = False
+            try:
+                r.split_batches(lz4_batch(frame, 5), from_client=True)
+                accepted = True
+            except r.RecordValidationError:
+                accepted = False
+            assert accepted == kafka_reads, (hex(flg), hex(bd))
+            assert accepted == (compression.lz4_frame_refusal(frame) is None), (hex(flg), hex(bd))

@@ -82,8 +82,8 @@ def compress(codec: int, data: bytes) -> bytes:
         return gzip.compress(data)
     if codec == 2:
         return bytes(cramjam.snappy.compress_raw(data))
-    if codec == 3:
-        return bytes(lz4.frame.compress(data))
+    if codec == 3:  # independent blocks, as every Kafka client writes (Kafka's reader refuses linked ones)
+        return bytes(lz4.frame.compress(data, block_linked=False))
     return bytes(zstd.compress(data))
 
 

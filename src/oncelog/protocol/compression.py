@@ -255,9 +255,45 @@ def _snappy_raw(data: bytes | memoryview, limit: int) -> bytes:
     return out
 
 
+_LZ4_MAGIC = b"\x04\x22\x4d\x18"
+
+
+def lz4_frame_refusal(data: bytes | memoryview) -> str | None:
+    """Why Kafka's Java client cannot read this lz4 frame, from its descriptor; None if it can.
+
+    Kafka's Lz4BlockInputStream reads only the LZ4 frame magic and a descriptor that passes
+    Lz4BlockOutputStream's ``FLG.validate`` and ``BD.validate``: FLG's two low bits (the dictionary
+    id flag and a reserved bit) clear, blocks independent, version 1; BD's reserved bits clear and
+    a block size code of 4-7 (64 KiB-4 MiB). liblz4 reads linked blocks and dictionary ids too,
+    so these are checked here before anything is inflated: a frame Kafka's reader refuses would
+    break every Java consumer of the partition. (Kafka's broker answers such a batch with the
+    KafkaException its reader throws, UNKNOWN_SERVER_ERROR; we answer INVALID_RECORD, as for every
+    payload that does not decompress.)"""
+    if len(data) < 6:
+        return "Stream ended prematurely"
+    if bytes(data[:4]) != _LZ4_MAGIC:
+        return "Stream unsupported (invalid magic bytes)"
+    flg, bd = data[4], data[5]
+    if flg & 0x03:
+        return "Reserved bits must be 0"
+    if not flg & 0x20:
+        return "Dependent block stream is unsupported"
+    if flg >> 6 != 1:
+        return f"Version {flg >> 6} is unsupported"
+    if bd & 0x0F:
+        return "Reserved2 field must be 0"
+    if (bd >> 4) & 0x07 < 4:
+        return "Block size value must be between 4 and 7"
+    if bd & 0x80:
+        return "Reserved3 field must be 0"
+    return None
+
+
 def _unlz4(data: bytes | memoryview, limit: int, keep: bool) -> bytes:
     import lz4.frame
 
+    if (refusal := lz4_frame_refusal(data)) is not None:
+        raise DecompressionError(f"lz4: {refusal} (Kafka's lz4 reader refuses this frame)")
     d = lz4.frame.LZ4FrameDecompressor()
     out: list[bytes] = []
     total = 0
