@@ -23,6 +23,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _without_test_only_imports() -> None:
+    """Keep hypothesis out of a command's process: kio imports it, when it is installed, only to
+    register test strategies for its types, which no command uses. A development install (the
+    test suite's) has it, and the import cost each broker start about 0.3 s. In process (a test
+    calling ``main`` with its own argv) nothing changes: pytest has imported hypothesis already."""
+    sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
+
+
 def _load(name: str):
     return importlib.import_module(SUBCOMMANDS[name][0])
 
@@ -39,6 +47,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        _without_test_only_imports()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
