@@ -757,22 +757,26 @@ class PartitionLog:
     def read(self, fetch_offset: int, max_bytes: int, *, max_offset: int | None = None,
              min_one_message: bool = True) -> FetchData:
         """Whole batches from the one containing ``fetch_offset``; see the module docstring."""
-        records, first = self.read_view(fetch_offset, max_bytes, max_offset=max_offset,
-                                        min_one_message=min_one_message)
+        records, first, _next = self.read_view(fetch_offset, max_bytes, max_offset=max_offset,
+                                               min_one_message=min_one_message)
         return FetchData(records if isinstance(records, bytes) else bytes(records), first)
 
     def read_view(self, fetch_offset: int, max_bytes: int, *, max_offset: int | None = None,
-                  min_one_message: bool = True, nowait: bool = False) -> tuple[bytes | bytearray | memoryview, int]:
+                  min_one_message: bool = True, nowait: bool = False,
+                  ) -> tuple[bytes | bytearray | memoryview, int, int]:
         """As :meth:`read`, but the records may be a memoryview of the one buffer read from the
         segment (no copy when the read is trimmed to whole batches): the fetch path sends it as is.
-        ``nowait``: raise ``ReadWouldBlock`` instead of reading pages that are not in memory (the
-        fetch path reads them off the event loop, then asks again); nothing is changed either way."""
+        Returns (records, base offset of the first batch, offset after the last batch returned:
+        ``fetch_offset`` when none is); the last is where a read_committed fetch's list of aborted
+        transactions ends (Kafka's ``fetchUpperBoundOffset``). ``nowait``: raise ``ReadWouldBlock``
+        instead of reading pages that are not in memory (the fetch path reads them off the event
+        loop, then asks again); nothing is changed either way."""
         if fetch_offset < self.log_start_offset or fetch_offset > self.log_end_offset:
             raise OffsetOutOfRangeError(
                 f"offset {fetch_offset} outside [{self.log_start_offset}, {self.log_end_offset}] of {self.name}")
         limit = self.log_end_offset if max_offset is None else min(max_offset, self.log_end_offset)
         if fetch_offset >= limit:
-            return b"", fetch_offset
+            return b"", fetch_offset, fetch_offset
         i = self._segment_for(fetch_offset)
         while i < len(self.segments):
             seg = self.segments[i]
@@ -782,26 +786,36 @@ class PartitionLog:
                 continue
             start, first = found
             if first.base_offset >= limit:
-                return b"", fetch_offset
+                return b"", fetch_offset, fetch_offset
             if first.size > max_bytes:
                 if not min_one_message:
-                    return b"", fetch_offset
-                return seg.pread(start, first.size, nowait), first.base_offset
+                    return b"", fetch_offset, fetch_offset
+                return seg.pread(start, first.size, nowait), first.base_offset, first.last_offset + 1
             data = seg.pread(start, min(max_bytes, seg.size - start), nowait)
             end = 0
+            next_offset = fetch_offset
             for pos, header in rb.iter_headers(data):
                 if header.base_offset >= limit:
                     break
                 end = pos + header.size
-            return (memoryview(data)[:end] if end != len(data) else data), first.base_offset
-        return b"", fetch_offset
+                next_offset = header.last_offset + 1
+            return (memoryview(data)[:end] if end != len(data) else data), first.base_offset, next_offset
+        return b"", fetch_offset, fetch_offset
 
     def aborted_transactions(self, fetch_offset: int, upper_bound_offset: int) -> list[tuple[int, int]]:
-        """(producer_id, first_offset) of aborted transactions overlapping [fetch_offset, upper_bound)."""
+        """(producer_id, first_offset) of aborted transactions overlapping [fetch_offset, upper_bound).
+
+        Walks the segments from the one holding ``fetch_offset`` and stops at the first whose index
+        shows that no later marker can abort a transaction begun below ``upper_bound_offset``
+        (:meth:`TransactionIndex.covers`, Kafka's ``TxnIndexSearchResult.isComplete``): a fetch
+        near the start of a long log visits the segments its range reaches, not all of them."""
         out: list[tuple[int, int]] = []
         for seg in self.segments[self._segment_for(fetch_offset):]:
-            for e in seg.txn_index.overlapping(fetch_offset, upper_bound_offset):
+            index = seg.txn_index
+            for e in index.overlapping(fetch_offset, upper_bound_offset):
                 out.append((e.producer_id, e.first_offset))
+            if index.covers(upper_bound_offset):
+                break
         return out
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:

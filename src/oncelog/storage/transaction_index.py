@@ -148,6 +148,15 @@ class TransactionIndex:
                 out.append(entries[i])
         return out
 
+    def covers(self, upper_bound: int) -> bool:
+        """Whether no marker after this index's last can abort a transaction that began below
+        ``upper_bound`` (a fetch's lookup may stop here; Kafka's ``collectAbortedTxns``
+        ``isComplete``). An entry's ``last_stable_offset`` is the LSO just before its marker: when it
+        is at least ``upper_bound``, every transaction begun below that had ended before the marker
+        (the log start then was below ``upper_bound``: it was at most the fetch offset, which is).
+        The LSO never moves back, so the last entry has the largest."""
+        return bool(self.entries) and self.entries[-1].last_stable_offset >= upper_bound
+
     def _reindex(self) -> None:
         mins = [e.first_offset for e in self.entries]
         for i in range(len(mins) - 2, -1, -1):

@@ -91,15 +91,17 @@ def read_fetch(broker: Broker, body: Any, isolation_level: int, max_bytes: int,
             if fetch_offset < upper and (remaining > 0 or total == 0):  # KIP-74: max_bytes 0 still gets a batch
                 limit = min(fp.partition_max_bytes, remaining)
                 try:
-                    data, _first = plog.read_view(fetch_offset, limit, max_offset=upper,
-                                                  min_one_message=(total == 0), nowait=nowait)
+                    data, _first, data_end = plog.read_view(fetch_offset, limit, max_offset=upper,
+                                                            min_one_message=(total == 0), nowait=nowait)
                 except storage_errors.OffsetOutOfRangeError:
                     parts.append(_partition_error(index, ErrorCode.offset_out_of_range, plog))
                     errored = True
                     continue
                 if data and isolation_level == READ_COMMITTED:
+                    # Only the transactions the returned batches can belong to (Kafka's
+                    # addAbortedTransactions bounds the lookup by the end of the data read).
                     aborted = [{"producer_id": pid, "first_offset": first}
-                               for pid, first in plog.aborted_transactions(fetch_offset, upper)]
+                               for pid, first in plog.aborted_transactions(fetch_offset, data_end)]
                 remaining -= len(data)
                 total += len(data)
             if isolation_level == READ_COMMITTED and aborted is None:
