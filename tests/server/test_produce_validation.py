@@ -76,10 +76,15 @@ def test_zstd_needs_produce_v7(b: InProcessBroker) -> None:
     assert produce(b, zstd_batch, version=7).error_code == 0
 
 
-def test_a_bomb_is_message_too_large(b: InProcessBroker) -> None:
-    bomb = compress(4, b"\x00" * (200 << 20))  # 200 MiB of zeros in a few KiB
+def test_a_bomb_is_refused_at_its_first_bad_record_or_at_the_bound(b: InProcessBroker) -> None:
+    zeros = b"\x00" * (200 << 20)
+    bomb = compress(4, zeros)  # 200 MiB of zeros in a few KiB: record 0 has length 0 (Kafka: INVALID_RECORD)
     assert len(bomb) < 64 << 10
     part = produce(b, batch_of(bomb, 1, attributes=4))
+    assert part.error_code == ErrorCode.invalid_record
+    assert "record 0: invalid record length 0" in (part.error_message or "")
+    one_huge_record = compress(4, records_of([body(0, value=zeros)]))  # valid, but past the 128 MiB bound
+    part = produce(b, batch_of(one_huge_record, 1, attributes=4))
     assert part.error_code == ErrorCode.message_too_large
     assert "inflate past" in (part.error_message or "")
 

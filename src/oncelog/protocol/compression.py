@@ -7,8 +7,9 @@ Formats are Kafka's: gzip, snappy in xerial's framing (what the Java client and 
 snappy, which librdkafka writes, is read too), the LZ4 frame format, zstd frames. The codecs come
 from ``cramjam`` (one wheel for all four), except lz4 output: it is written by python-lz4 with
 Kafka's own frame descriptor (independent 64 KiB blocks), the only kind Kafka's Java reader accepts.
-Produce validation decompresses every compressed batch with an output bound
-(``decompress_bounded``), which cramjam cannot give for lz4 and zstd.
+Produce validation inflates every compressed batch a piece at a time with an output bound
+(``inflate_chunks``), which cramjam cannot give for lz4 and zstd, and walks each piece's records
+before it asks for the next (``records.validate_records``).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def record_timestamps(batch: bytes | memoryview, header: rb.BatchHeader) -> Iter
     yield from rb.record_timestamps(plain, 0, plain_header)
 
 
-# --- bounded decompression, for produce validation ------------------------------------------------
+# --- streaming decompression, for produce validation ----------------------------------------------
 
 CODEC_NAMES = {GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}
 
@@ -140,87 +141,84 @@ class InflatedTooLargeError(DecompressionError):
     """The payload inflates past the bound."""
 
 
-def decompress_bounded(codec: int, data: bytes | memoryview, limit: int) -> bytes:
-    """The uncompressed bytes of ``data`` (codec 1-4), at most ``limit`` of them; raise otherwise.
+#: At most this many inflated bytes come out of one codec call (Kafka's reader inflates 16 KiB at a
+#: time). Produce validation walks the records of each piece before it asks for the next one.
+STREAM_CHUNK = 64 << 10
 
-    Produce validation uses this (``records.validate_records``): every codec runs with an output
-    bound, so a payload that would inflate past ``limit`` raises :class:`InflatedTooLargeError`.
-    gzip: zlib; snappy: cramjam, whose raw format states the length before anything is allocated;
-    lz4: python-lz4's frame decompressor and zstd: the standard library's (backported before 3.14),
-    both with ``max_length`` (cramjam's have no output bound). Concatenated gzip members and zstd
-    frames are read, as Java's streams do.
+#: Compressed input given to zlib per call: what it cannot consume yet it copies into
+#: ``unconsumed_tail``, so a whole payload given at each call would be copied once per piece.
+_GZIP_INPUT = 64 << 10
 
-    Memory: what a refused payload costs is bounded by ``_KEEP``, not by ``limit``. The output is
-    kept up to ``_KEEP`` bytes; a payload inflating past that is inflated again, counting and
-    keeping nothing, up to ``limit``, and only if it stays within it a third time, kept. Batches
-    under ``_KEEP`` (every batch of a default-configured client) are inflated once.
+
+def inflate_chunks(codec: int, data: bytes | memoryview, limit: int) -> Iterator[bytes]:
+    """The uncompressed bytes of ``data`` (codec 1-4), in order, as they are inflated: pieces of at
+    most ``STREAM_CHUNK`` bytes (snappy: a xerial chunk, or a raw block, whole), never empty.
+
+    Raises :class:`InflatedTooLargeError` as soon as more than ``limit`` bytes came out, and
+    :class:`DecompressionError` where the stream is not valid; the end of the stream is checked
+    after its last piece (a truncated stream, bytes after it), so a caller that stops early never
+    pays for the rest. gzip: zlib; snappy: cramjam's raw format, which states each block's length
+    before anything is allocated (a length its input cannot reach is refused first); lz4: python-lz4's
+    frame decompressor, after Kafka's frame rules (``lz4_frame_refusal``); zstd: the standard
+    library's (backported before 3.14). Concatenated gzip members and zstd frames are read, as
+    Java's streams do. The codec calls hold memory of a piece, not of the payload: refusing a bomb
+    at its first bad record costs one piece.
     """
-    if codec == 2:
+    if codec == SNAPPY:
         return _unsnappy(data, limit)
     inflate = _INFLATE.get(codec)
     if inflate is None:
         raise DecompressionError(f"unknown compression codec {codec}")
-    if limit <= _KEEP:
-        return inflate(data, limit, True)
-    try:
-        return inflate(data, _KEEP, True)
-    except InflatedTooLargeError:
-        pass
-    inflate(data, limit, False)  # raises past the bound, having kept nothing
-    return inflate(data, limit, True)
-
-
-#: Output kept on the first inflation of a batch (see ``decompress_bounded``): 16 times the
-#: default ``max.message.bytes``.
-_KEEP = 16 << 20
-
-#: Each call into a codec inflates at most this many bytes. With one call bounded only by the limit,
-#: the codecs grow (or allocate up front) one buffer of that size and copy it as it grows: a payload
-#: refused at a bound of 128 MiB cost the broker about 256 MiB of RSS at its peak.
-_CHUNK = 1 << 20
+    return inflate(data, limit)
 
 
 def _ask(limit: int, total: int) -> int:
-    """How much the next call may inflate: a chunk, or one byte past the bound (to detect it)."""
-    return min(_CHUNK, limit - total + 1)
+    """How much the next call may inflate: a piece, or one byte past the bound (to detect it)."""
+    return min(STREAM_CHUNK, limit - total + 1)
 
 
 def _too_large(limit: int) -> InflatedTooLargeError:
     return InflatedTooLargeError(f"compressed records inflate past {limit} bytes")
 
 
-def _gunzip(data: bytes | memoryview, limit: int, keep: bool) -> bytes:
-    out: list[bytes] = []
+def _gunzip(data: bytes | memoryview, limit: int) -> Iterator[bytes]:
+    data = memoryview(data)
     total = 0
-    rest: bytes | memoryview = data
+    fed = 0  # input given to zlib so far
     try:
         while True:
             d = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip header and trailer required
+            pending: bytes | memoryview = b""
             while not d.eof:
+                if not pending and fed < len(data):
+                    pending = data[fed:fed + _GZIP_INPUT]
+                    fed += len(pending)
                 ask = _ask(limit, total)
-                chunk = d.decompress(rest, ask)
-                rest = d.unconsumed_tail
+                chunk = d.decompress(pending, ask)
+                pending = d.unconsumed_tail
                 total += len(chunk)
                 if total > limit:
                     raise _too_large(limit)
-                if keep:
-                    out.append(chunk)
-                if len(chunk) < ask and not d.eof:
+                if chunk:
+                    yield chunk
+                if len(chunk) < ask and not d.eof and not pending and fed == len(data):
                     # zlib stops short of what was asked only for want of input.
                     raise DecompressionError("gzip stream ends before its end of member")
-            rest = d.unused_data
-            if not rest:
-                return b"".join(out)
+            # At a member's end zlib leaves the input it did not read in unused_data: the next member.
+            fed -= len(d.unused_data)
+            if fed == len(data):
+                return
     except zlib.error as exc:
         raise DecompressionError(f"gzip: {exc}") from None
 
 
-def _unsnappy(data: bytes | memoryview, limit: int) -> bytes:
+def _unsnappy(data: bytes | memoryview, limit: int) -> Iterator[bytes]:
     if bytes(data[:8]) != _XERIAL_MAGIC:
-        return _snappy_raw(data, limit)
+        if out := _snappy_raw(data, limit, limit):
+            yield out
+        return
     if len(data) < len(_XERIAL_HEADER):
         raise DecompressionError("snappy: truncated xerial header")
-    out: list[bytes] = []
     total = 0
     p = len(_XERIAL_HEADER)
     n = len(data)
@@ -231,22 +229,28 @@ def _unsnappy(data: bytes | memoryview, limit: int) -> bytes:
         p += 4
         if size < 0 or p + size > n:
             raise DecompressionError(f"snappy: xerial chunk of {size} bytes runs past the payload")
-        chunk = _snappy_raw(memoryview(data)[p:p + size], limit - total)
+        chunk = _snappy_raw(memoryview(data)[p:p + size], limit - total, limit)
         total += len(chunk)
-        out.append(chunk)
+        if chunk:
+            yield chunk
         p += size
-    return b"".join(out)
 
 
-def _snappy_raw(data: bytes | memoryview, limit: int) -> bytes:
-    import cramjam
+#: Snappy's densest element, a 3-byte copy, yields 64 bytes: a block cannot inflate past this
+#: many times its size (so a length its input cannot reach is refused before it is allocated).
+_SNAPPY_MAX_RATIO = 22
 
+
+def _snappy_raw(data: bytes | memoryview, room: int, limit: int) -> bytes:
+    """One raw snappy block, refused if it would take more than ``room`` of the ``limit``."""
     try:
         size = cramjam.snappy.decompress_raw_len(data)
-        if size > limit:
+        if size > room:
             raise _too_large(limit)
+        if size > _SNAPPY_MAX_RATIO * len(data):
+            raise DecompressionError(f"snappy: {len(data)} bytes cannot hold the {size} they declare")
         out = bytes(cramjam.snappy.decompress_raw(data))
-    except InflatedTooLargeError:
+    except DecompressionError:
         raise
     except Exception as exc:  # cramjam.DecompressionError and friends
         raise DecompressionError(f"snappy: {exc}") from None
@@ -289,13 +293,12 @@ def lz4_frame_refusal(data: bytes | memoryview) -> str | None:
     return None
 
 
-def _unlz4(data: bytes | memoryview, limit: int, keep: bool) -> bytes:
+def _unlz4(data: bytes | memoryview, limit: int) -> Iterator[bytes]:
     import lz4.frame
 
     if (refusal := lz4_frame_refusal(data)) is not None:
         raise DecompressionError(f"lz4: {refusal} (Kafka's lz4 reader refuses this frame)")
     d = lz4.frame.LZ4FrameDecompressor()
-    out: list[bytes] = []
     total = 0
     try:
         chunk = d.decompress(data, max_length=_ask(limit, 0))
@@ -303,8 +306,8 @@ def _unlz4(data: bytes | memoryview, limit: int, keep: bool) -> bytes:
             total += len(chunk)
             if total > limit:
                 raise _too_large(limit)
-            if keep:
-                out.append(chunk)
+            if chunk:
+                yield chunk
             if d.eof or d.needs_input:
                 break
             chunk = d.decompress(b"", max_length=_ask(limit, total))
@@ -314,7 +317,6 @@ def _unlz4(data: bytes | memoryview, limit: int, keep: bool) -> bytes:
         raise DecompressionError("lz4: the frame ends before its end mark")
     if d.unused_data:
         raise DecompressionError(f"lz4: {len(d.unused_data)} bytes after the frame")
-    return b"".join(out)
 
 
 def _zstd_module() -> ModuleType:
@@ -325,9 +327,8 @@ def _zstd_module() -> ModuleType:
     return zstd
 
 
-def _unzstd(data: bytes | memoryview, limit: int, keep: bool) -> bytes:
+def _unzstd(data: bytes | memoryview, limit: int) -> Iterator[bytes]:
     zstd = _zstd_module()
-    out: list[bytes] = []
     total = 0
     rest: bytes | memoryview = data
     try:
@@ -338,8 +339,8 @@ def _unzstd(data: bytes | memoryview, limit: int, keep: bool) -> bytes:
                 total += len(chunk)
                 if total > limit:
                     raise _too_large(limit)
-                if keep:
-                    out.append(chunk)
+                if chunk:
+                    yield chunk
                 if d.eof or d.needs_input:
                     break
                 chunk = d.decompress(b"", max_length=_ask(limit, total))
@@ -347,9 +348,9 @@ def _unzstd(data: bytes | memoryview, limit: int, keep: bool) -> bytes:
                 raise DecompressionError("zstd: the frame ends early")
             rest = d.unused_data
             if not rest:
-                return b"".join(out)
+                return
     except zstd.ZstdError as exc:
         raise DecompressionError(f"zstd: {exc}") from None
 
 
-_INFLATE: dict[int, Callable[[bytes | memoryview, int, bool], bytes]] = {1: _gunzip, 3: _unlz4, 4: _unzstd}
+_INFLATE: dict[int, Callable[[bytes | memoryview, int], Iterator[bytes]]] = {1: _gunzip, 3: _unlz4, 4: _unzstd}

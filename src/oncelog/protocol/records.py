@@ -4,7 +4,7 @@ The broker stores batches as they came. On produce it reads the fixed 61-byte he
 length and CRC-32C (which covers ``attributes`` to the end of the batch, so ``base_offset`` and
 ``partition_leader_epoch`` may be rewritten without recomputing it), then walks the records inside
 as Kafka's LogValidator does (``validate_records``: every length and count inside the batch, offset
-deltas 0..n-1, compressed payloads decompressed first) without building an object per record.
+deltas 0..n-1, compressed payloads walked as they inflate) without building an object per record.
 
 Header layout (big endian)::
 
@@ -52,7 +52,8 @@ _I64 = struct.Struct(">q")
 
 
 # A compressed batch may inflate to at most this many bytes (Kafka has no such bound; without one a
-# few KiB of zstd could make the broker allocate gigabytes). 128 times the default max.message.bytes.
+# few KiB of zstd holding one valid record of gigabytes would keep the broker inflating, a piece at a
+# time, for seconds). 128 times the default max.message.bytes.
 MAX_UNCOMPRESSED_BYTES = 128 << 20
 
 
@@ -199,6 +200,11 @@ def validate_records(buf: bytes | bytearray | memoryview, pos: int, header: Batc
     another negative length), a header count and its headers (key never null). Varints are at most
     5 bytes and fit an int32; varlongs at most 10. Raises RecordValidationError (INVALID_RECORD),
     or RecordsTooLargeError when a compressed payload inflates past ``max_uncompressed_bytes``.
+
+    A compressed payload is walked as it inflates, a piece (``compression.STREAM_CHUNK``) at a time,
+    as Kafka's StreamRecordIterator reads it: the walk stops at the first bad record, and once
+    ``records_count`` records are read any byte still coming out is refused ("records still
+    remaining"), so a bomb costs the pieces before its first fault, not its inflated size.
     """
     start = pos + HEADER_SIZE
     end = pos + header.size
@@ -211,27 +217,36 @@ def validate_records(buf: bytes | bytearray | memoryview, pos: int, header: Batc
     if codec not in compression.CODEC_NAMES:
         raise RecordValidationError(f"unknown compression type {codec} in record batch attributes")
     try:
-        data = compression.decompress_bounded(codec, memoryview(buf)[start:end], max_uncompressed_bytes)
+        _walk_stream(compression.inflate_chunks(codec, memoryview(buf)[start:end], max_uncompressed_bytes),
+                     header.records_count)
     except compression.InflatedTooLargeError as exc:
         raise RecordsTooLargeError(str(exc)) from None
     except compression.DecompressionError as exc:
         raise RecordValidationError(f"{compression.CODEC_NAMES[codec]} records do not decompress: {exc}") from None
-    _walk_records(data, 0, len(data), header.records_count)
 
 
 _MIN_RECORD = 7  # length varint, attributes, timestamp delta, offset delta, key, value, header count
 
 
-def _walk_records(buf: bytes | bytearray | memoryview, p: int, end: int, count: int) -> None:
-    """See ``validate_records``. This is the produce hot path: one- and two-byte varints are decoded
-    inline (small deltas, null keys, values under 8 KiB, no headers), longer ones by ``_uvarint``;
-    zig-zag values are compared raw where possible (offset delta i is raw 2*i; a length is even)."""
-    if count > (end - p) // _MIN_RECORD:
+def _walk_records(buf: bytes | bytearray | memoryview, p: int, end: int, count: int, first: int = 0,
+                  final: bool = True) -> tuple[int, int]:
+    """See ``validate_records``; returns (position after the last record walked, records walked so
+    far). This is the produce hot path: one- and two-byte varints are decoded inline (small deltas,
+    null keys, values under 8 KiB, no headers), longer ones by ``_uvarint``; zig-zag values are
+    compared raw where possible (offset delta i is raw 2*i; a length is even).
+
+    ``final``: ``buf[p:end]`` is all there is (an uncompressed batch): exactly the records from
+    index ``first`` to ``count`` must fill it. Otherwise it is the start of what remains of an
+    inflating payload (``_walk_stream``): the walk stops before a record that is not all there and
+    when ``count`` records are read, and leaves what follows to the caller."""
+    if final and count - first > (end - p) // _MIN_RECORD:
         raise RecordValidationError(f"a batch of {end - p} bytes cannot hold {count} records")
     uvarint = _uvarint
-    expected_delta = 0  # zig-zag of the record's index
+    expected_delta = 2 * first  # zig-zag of the record's index
+    s = p  # where the record being read starts
     try:
         while expected_delta < 2 * count:
+            s = p
             # record length
             raw = buf[p]
             if raw < 0x80:
@@ -247,6 +262,8 @@ def _walk_records(buf: bytes | bytearray | memoryview, p: int, end: int, count: 
                 raise _bad_record(expected_delta, f"invalid record length {(raw >> 1) ^ -(raw & 1)}")
             rec_end = p + (raw >> 1)
             if rec_end > end:
+                if not final:
+                    return s, expected_delta >> 1
                 raise _bad_record(expected_delta, f"its {raw >> 1} bytes run past the end of the batch")
             # attributes (unused in v2), then the timestamp delta (varlong)
             if buf[p + 1] < 0x80:
@@ -307,10 +324,154 @@ def _walk_records(buf: bytes | bytearray | memoryview, p: int, end: int, count: 
             p = rec_end
             expected_delta += 2
     except IndexError:
+        if not final and _runs_past(buf, s, end):
+            return s, expected_delta >> 1
         raise _bad_record(expected_delta, "premature end of the records") from None
-    if p != end:
+    if final and p != end:
         raise RecordValidationError(
             f"incorrect declared batch size: {end - p} bytes remain after {count} records")
+    return p, count
+
+
+def _runs_past(buf: bytes | bytearray | memoryview, s: int, end: int) -> bool:
+    """Whether the record starting at ``s`` runs past ``end`` (its length varint included), that
+    is, whether a walk that stopped inside it saw only part of it. Its fields never read past its
+    own end unless it is bad, so a record all there that stopped a walk is a bad record."""
+    raw = 0
+    for k in range(5):
+        if s + k >= end:
+            return True
+        b = buf[s + k]
+        raw |= (b & 0x7F) << (7 * k)
+        if b < 0x80:
+            return s + k + 1 + (raw >> 1) > end
+    return False
+
+
+def _walk_stream(chunks: Iterator[bytes], count: int) -> None:
+    """``_walk_records`` over a payload arriving in pieces (``compression.inflate_chunks``).
+
+    The records all there in what has arrived are walked by ``_walk_records``; a record that
+    straddles the end of what arrived (or does not fit a piece) is read field by field as more
+    arrives (``_walk_one``), skipping keys and values without keeping them, so at most about two
+    pieces are held at a time. When ``count`` records are read, anything more is refused without
+    inflating further; otherwise the rest of the stream is drained (nothing should come out) so
+    that its end is checked (a truncated stream, bytes after it)."""
+    inflow = _Inflow(chunks)
+    index = 0
+    while index < count:
+        if inflow.p == len(inflow.buf) and not inflow.more():
+            raise _bad_record(2 * index, "premature end of the records")
+        inflow.p, index = _walk_records(inflow.buf, inflow.p, len(inflow.buf), count, index, final=False)
+        if index < count and inflow.p < len(inflow.buf):
+            _walk_one(inflow, index)
+            index += 1
+    if inflow.p < len(inflow.buf) or inflow.more():
+        raise RecordValidationError(
+            f"incorrect declared batch size: records still remaining after {count} records")
+
+
+class _Inflow:
+    """Inflated bytes read forward: ``buf[p:]`` has arrived and is unread; ``more`` appends the next
+    piece, dropping what was read."""
+
+    __slots__ = ("at", "buf", "chunks", "p")
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks = chunks
+        self.buf = bytearray()
+        self.p = 0
+        self.at = 0  # position in the stream of buf[0]
+
+    def more(self) -> bool:
+        """Append the next piece; False at the end of the stream."""
+        chunk = next(self.chunks, None)
+        if chunk is None:
+            return False
+        del self.buf[:self.p]
+        self.at += self.p
+        self.p = 0
+        self.buf += chunk
+        return True
+
+    def pos(self) -> int:
+        return self.at + self.p
+
+    def byte(self) -> int:
+        while self.p == len(self.buf):
+            if not self.more():
+                raise EOFError
+        b = self.buf[self.p]
+        self.p += 1
+        return b
+
+    def uvarint(self, max_bytes: int) -> int:
+        """As ``_uvarint``: the raw varint, at most ``max_bytes`` bytes and ``8 * max_bytes - 8`` bits."""
+        raw = 0
+        for k in range(max_bytes):
+            b = self.byte()
+            raw |= (b & 0x7F) << (7 * k)
+            if not b & 0x80:
+                bits = 32 if max_bytes == 5 else 64
+                if raw >> bits:
+                    raise RecordValidationError(f"varint {raw} does not fit {bits} bits")
+                return raw
+        raise RecordValidationError(f"varint longer than {max_bytes} bytes")
+
+    def skip(self, n: int, rec_end: int, i: int) -> None:
+        """Pass ``n`` bytes of the record ending at ``rec_end`` (refused at once if they run past it)."""
+        if self.pos() + n > rec_end:
+            raise RecordValidationError(f"record {i}: a field of {n} bytes runs past the record's end")
+        while n > len(self.buf) - self.p:
+            n -= len(self.buf) - self.p
+            self.p = len(self.buf)
+            if not self.more():
+                raise EOFError
+        self.p += n
+
+
+def _walk_one(inflow: _Inflow, i: int) -> None:
+    """Record ``i``, at the reader's position, field by field (the checks of ``_walk_records``)."""
+    try:
+        raw = inflow.uvarint(5)
+        if raw & 1 or raw < 12:
+            raise _bad_record(2 * i, f"invalid record length {(raw >> 1) ^ -(raw & 1)}")
+        rec_end = inflow.pos() + (raw >> 1)
+        inflow.byte()  # attributes
+        inflow.uvarint(10)  # timestamp delta
+        raw = inflow.uvarint(5)
+        if raw != 2 * i:
+            raise _bad_record(2 * i, f"invalid offset delta {(raw >> 1) ^ -(raw & 1)}, expected {i}")
+        for what in ("key", "value"):
+            raw = inflow.uvarint(5)
+            if raw & 1:
+                if raw != 1:
+                    raise _bad_record(2 * i, f"invalid {what} length {-((raw + 1) >> 1)}")
+            else:
+                inflow.skip(raw >> 1, rec_end, i)
+        raw = inflow.uvarint(5)
+        if raw & 1:
+            raise _bad_record(2 * i, f"invalid number of record headers {-((raw + 1) >> 1)}")
+        if raw >> 1 > rec_end - inflow.pos():
+            raise _bad_record(2 * i, f"{raw >> 1} record headers cannot fit in the record")
+        for _ in range(raw >> 1):
+            raw = inflow.uvarint(5)
+            if raw & 1:
+                raise _bad_record(2 * i, f"invalid negative header key size {-((raw + 1) >> 1)}")
+            inflow.skip(raw >> 1, rec_end, i)
+            raw = inflow.uvarint(5)
+            if raw & 1:
+                if raw != 1:
+                    raise _bad_record(2 * i, f"invalid header value length {-((raw + 1) >> 1)}")
+            else:
+                inflow.skip(raw >> 1, rec_end, i)
+            if inflow.pos() > rec_end:
+                raise _bad_record(2 * i, "a record header runs past the record")
+        if inflow.pos() != rec_end:
+            raise _bad_record(2 * i, f"invalid record size: its fields end {inflow.pos() - rec_end} bytes past it"
+                              if inflow.pos() > rec_end else "invalid record size: its fields do not fill it")
+    except EOFError:
+        raise _bad_record(2 * i, "premature end of the records") from None
 
 
 def _bad_record(expected_delta: int, why: str) -> RecordValidationError:
