@@ -194,11 +194,13 @@ def handle_fetch(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dic
     try:
         first = read_fetch(broker, body, isolation_level, max_bytes, f.denied, nowait=log_segment.nowait_reads)
     except ReadWouldBlock as cold:
-        return _fetch_rest(broker, req, f, None, cold)
+        return _fetch_rest(broker, req, f, None, cold, None)
     topics_out, total, errored = first
     if total >= f.min_bytes or errored or max_wait_s <= 0 or not f.partitions:
         return _answer(broker, req, topics_out, total)
-    return _fetch_rest(broker, req, f, first, None)
+    # What the first read saw, taken with it: an append between this and the start of the task
+    # that waits (another connection's produce in the same turn of the loop) must wake this fetch.
+    return _fetch_rest(broker, req, f, first, None, _visible_ends(broker, f.partitions, isolation_level))
 
 
 def _answer(broker: Broker, req: Request, topics_out: list[dict[str, Any]], total: int) -> dict[str, Any]:
@@ -208,27 +210,29 @@ def _answer(broker: Broker, req: Request, topics_out: list[dict[str, Any]], tota
 
 async def _fetch_rest(broker: Broker, req: Request, f: _Fetch,
                       first: tuple[list[dict[str, Any]], int, bool] | None,
-                      cold: ReadWouldBlock | None) -> dict[str, Any]:
-    """The fetch after its first read: that read's result (``first``), or the cold pages it stopped
-    at (``cold``). Reads again off the loop where pages are cold, and waits for appends that move
-    what this fetch may return, until ``min_bytes`` or the deadline."""
+                      cold: ReadWouldBlock | None, ends: list[Any] | None) -> dict[str, Any]:
+    """The fetch after its first read: that read's result (``first``) and what it saw
+    (``_visible_ends`` taken with it), or the cold pages it stopped at (``cold``). Reads again off
+    the loop where pages are cold, and waits for appends that move what this fetch may return,
+    until ``min_bytes`` or the deadline. What moved between the first read and this task's start
+    counts as an append during the wait (Kafka's tryCompleteElseWatch checks again once watching)."""
     partitions = f.partitions
     while True:
         if first is None:
             first = await _read_off_loop_if_cold(broker, f.body, f.isolation_level, f.max_bytes, f.denied, cold)
+            ends = _visible_ends(broker, partitions, f.isolation_level)  # with the read: no await between
             cold = None
         topics_out, total, errored = first
         first = None
         remaining_s = f.deadline - time.monotonic()
         if total >= f.min_bytes or errored or remaining_s <= 0 or not partitions:
             break
-        ends = _visible_ends(broker, partitions, f.isolation_level)
-        while True:
+        # An append that moves nothing this fetch may return (an open transaction's records,
+        # under read_committed) is no reason to read every partition again.
+        while _visible_ends(broker, partitions, f.isolation_level) == ends:
             await broker.wait_for_append(partitions, remaining_s)
             remaining_s = f.deadline - time.monotonic()
-            # An append that moves nothing this fetch may return (an open transaction's records,
-            # under read_committed) is no reason to read every partition again.
-            if remaining_s <= 0 or _visible_ends(broker, partitions, f.isolation_level) != ends:
+            if remaining_s <= 0:
                 break
         if time.monotonic() >= f.deadline:
             topics_out, total, errored = await _read_off_loop_if_cold(broker, f.body, f.isolation_level,
