@@ -4,6 +4,7 @@ but are never delivered), and an open transaction below the planned end is a Tim
 from __future__ import annotations
 
 import time
+import types
 import uuid
 
 import pytest
@@ -78,6 +79,10 @@ def test_open_transaction_below_the_end_times_out(broker: BrokerProcess) -> None
     assert time.monotonic() - t0 < 15
 
 
+#: What the stand-ins' ``list_topics`` answers: topic ``t`` with its partition 0.
+_METADATA = types.SimpleNamespace(topics={"t": types.SimpleNamespace(error=None, partitions={0: None})})
+
+
 class _SlowConsumer:
     """A consumer stand-in delivering one record per poll on a manual clock that advances 0.4 s a poll."""
 
@@ -89,8 +94,11 @@ class _SlowConsumer:
     def assign(self, parts: object) -> None:
         pass
 
-    def list_topics(self, topic: str | None = None, timeout: float = -1) -> None:
-        pass
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> object:
+        return _METADATA
+
+    def get_watermark_offsets(self, tp: object, timeout: float = -1, cached: bool = False) -> tuple[int, int]:
+        return 0, 20
 
     def consume(self, num_messages: int, timeout: float) -> list[object]:
         self.clock[0] += 0.4
@@ -101,8 +109,6 @@ class _SlowConsumer:
         return [m]
 
     def position(self, parts: list[object]) -> list[object]:
-        import types
-
         return [types.SimpleNamespace(offset=self.next)]
 
 
@@ -138,15 +144,16 @@ class _ScriptedConsumer:
     def assign(self, parts: object) -> None:
         pass
 
-    def list_topics(self, topic: str | None = None, timeout: float = -1) -> None:
-        pass
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> object:
+        return _METADATA
+
+    def get_watermark_offsets(self, tp: object, timeout: float = -1, cached: bool = False) -> tuple[int, int]:
+        return 0, 1000
 
     def consume(self, num_messages: int, timeout: float) -> list[object]:
         return self.answers.pop(0) if self.answers else []
 
     def position(self, parts: list[object]) -> list[object]:
-        import types
-
         return [types.SimpleNamespace(offset=-1001)]
 
 
@@ -252,3 +259,90 @@ def test_a_consumer_whose_fetch_size_ran_out_is_renewed_where_the_read_stands() 
         for _ in consume_range(_ScriptedConsumer([[_too_large(0)]]), "t", 0, 0, 5, timeout_s=5, max_messages=100,
                                renew=lambda old: again):
             pass
+
+
+class _EndingConsumer(_ScriptedConsumer):
+    """A scripted consumer whose partition ``t``-0 has the watermarks ``marks`` (cached and asked
+    for alike, or ``cached`` for the ones the last fetch left), or no longer exists (``gone``)."""
+
+    def __init__(self, answers: list[list[object]], marks: tuple[int, int], cached: tuple[int, int] | None = None,
+                 gone: bool = False) -> None:
+        super().__init__(answers)
+        self.marks, self.cached, self.gone = marks, cached or marks, gone
+        self.assigned: list[int] = []
+
+    def assign(self, parts: list[object]) -> None:
+        self.assigned.append(parts[0].offset)  # type: ignore[attr-defined]
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> object:
+        return types.SimpleNamespace(topics={}) if self.gone else _METADATA
+
+    def get_watermark_offsets(self, tp: object, timeout: float = -1, cached: bool = False) -> tuple[int, int]:
+        return self.cached if cached else self.marks
+
+
+def test_a_range_past_the_log_end_is_a_data_loss_not_a_stall(caplog: pytest.LogCaptureFixture) -> None:
+    """A planned range [0, 10) meets the end of the partition at 4, and the log ends there (its tail
+    lost, or the topic made again with fewer records): a data loss at once, never a wait for records
+    that are not there (the read used to stall for the whole timeout, 120 s in the source, and fail
+    as "stuck" whatever failOnDataLoss said). Skipping, it yields what there is and ends."""
+    from oncelog.spark.ranges import RecordsLost
+
+    clock = [0.0]
+
+    def tick() -> float:
+        clock[0] += 0.1
+        return clock[0]
+
+    answers = [[*_msgs(0, 1, 2, 3), _eof(4)]]
+    with pytest.raises(RecordsLost, match=r"offset 4 is out of range \(the log now holds \[0, 4\)\).*advice"):
+        for _ in consume_range(_EndingConsumer(list(answers), (0, 4)), "t", 0, 0, 10, timeout_s=60,
+                               max_messages=100, clock=tick, lost_advice="advice"):
+            pass
+    caplog.set_level("WARNING", logger="oncelog.spark")
+    got = [m.offset() for msgs in consume_range(_EndingConsumer(list(answers), (0, 4)), "t", 0, 0, 10, timeout_s=60,
+                                                max_messages=100, clock=tick, skip_lost=True)
+           for m in msgs]
+    assert got == [0, 1, 2, 3]
+    assert "records [4, 10) are skipped (failOnDataLoss=false)" in caplog.text
+    assert clock[0] < 1, "at once"
+
+
+def test_an_end_of_partition_below_a_range_the_log_holds_is_waited_for() -> None:
+    """Under read_committed the end of partition is the LSO: an open transaction holds it below the
+    range's end while the high watermark (what the fetch left in the cache) reaches it. That is no
+    loss: the read waits, and times out only after the stall timeout. Nor is a cached high watermark
+    below the end that the broker, asked again, no longer confirms."""
+    for consumer in (_EndingConsumer([[*_msgs(0, 1), _eof(2)]], marks=(0, 2), cached=(0, 10)),
+                     _EndingConsumer([[*_msgs(0, 1), _eof(2)]], marks=(0, 10), cached=(0, 2))):
+        clock = [0.0]
+
+        def tick(clock: list[float] = clock) -> float:
+            clock[0] += 0.5
+            return clock[0]
+
+        with pytest.raises(TimeoutError, match="stuck at offset 2 below 10"):
+            for _ in consume_range(consumer, "t", 0, 0, 10, timeout_s=5, max_messages=100, clock=tick):
+                pass
+
+
+def test_a_partition_that_no_longer_exists_is_a_data_loss(caplog: pytest.LogCaptureFixture) -> None:
+    """A deleted partition (its topic deleted, or made again with fewer partitions) reports nothing:
+    librdkafka just waits. After a second without moving, the read asks the cluster, which says the
+    partition is gone: a data loss, or under skip_lost a warning and the end of the read."""
+    from oncelog.spark.ranges import RecordsLost
+
+    def tick(clock: list[float]) -> float:
+        clock[0] += 0.25
+        return clock[0]
+
+    clock = [0.0]
+    with pytest.raises(RecordsLost, match="offset 5 is out of range \\(its partition no longer exists\\)"):
+        for _ in consume_range(_EndingConsumer([], (-1, -1), gone=True), "t", 0, 5, 10, timeout_s=60,
+                               max_messages=100, clock=lambda: tick(clock)):
+            pass
+    assert clock[0] < 3
+    caplog.set_level("WARNING", logger="oncelog.spark")
+    assert list(consume_range(_EndingConsumer([], (-1, -1), gone=True), "t", 0, 5, 10, timeout_s=60,
+                              max_messages=100, clock=lambda: tick(clock), skip_lost=True)) == []
+    assert "the partition no longer exists" in caplog.text and "records [5, 10) are skipped" in caplog.text

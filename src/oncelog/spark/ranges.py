@@ -7,7 +7,9 @@ source's executors and by the sink's progress reader.
 
 The timeout is a *stall* timeout: it fails a read whose position has not moved for ``timeout_s``,
 however long the whole range takes, so a catch-up over millions of records never times out while
-it progresses.
+it progresses. A read stops below its end legitimately only while the log holds the end (an open
+transaction holds the LSO below it, under read_committed); a log that ends below the range's end, or
+a partition that no longer exists, is a data loss at once (:class:`RecordsLost`), not a stall.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Any, cast
 
 #: The longest ``know_topic`` waits for a topic's metadata before assigning anyway.
 METADATA_TIMEOUT_S = 10.0
+#: How long a read's position stays put, with no end of partition reported, before the read asks
+#: the cluster whether its partition still exists (a deleted one reports nothing: librdkafka waits).
+GONE_CHECK_S = 1.0
 
 log = logging.getLogger("oncelog.spark")
 
@@ -28,8 +33,10 @@ class RecordsLost(RuntimeError):
     DeleteRecords) or its topic was deleted and made again, after the range was planned.
     ``available`` is the partition's ``(log start, high watermark)`` when the broker told it."""
 
-    def __init__(self, what: str, offset: int, available: tuple[int, int] | None, advice: str = "") -> None:
-        have = f"the log now holds [{available[0]}, {available[1]})" if available else "the log no longer holds it"
+    def __init__(self, what: str, offset: int, available: tuple[int, int] | None, advice: str = "",
+                 gone: bool = False) -> None:
+        have = ("its partition no longer exists" if gone else
+                f"the log now holds [{available[0]}, {available[1]})" if available else "the log no longer holds it")
         super().__init__(f"reading {what}: offset {offset} is out of range ({have}): its records were deleted "
                          "(retention, DeleteRecords, or the topic deleted and made again) before they were read"
                          + (f". {advice}" if advice else ""))
@@ -68,15 +75,18 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
 
     ``consumer`` is a confluent-kafka Consumer with ``enable.partition.eof`` on and
     ``auto.offset.reset=error``; this assigns it to ``topic``/``partition`` at ``start``. Raises
-    TimeoutError if the position stays at one offset below ``end`` for ``timeout_s`` (a broker that
-    lost data, or an open transaction holding the LSO below a planned end), RuntimeError on a
-    consumer error.
+    TimeoutError if the position stays at one offset below ``end`` for ``timeout_s`` while the log
+    holds ``end`` (an open transaction holding the LSO below the end, under read_committed),
+    RuntimeError on a consumer error.
 
-    Records of the range the log no longer holds (deleted after the range was planned) raise
-    :class:`RecordsLost`, whose message ends with ``lost_advice``; with ``skip_lost`` they are
-    skipped with a warning instead, as Spark's Kafka source does under ``failOnDataLoss=false``:
-    the read goes on from the log's start, or ends when nothing of the range is left (the range and
-    the log's offsets no longer overlap).
+    Records of the range the log no longer holds raise :class:`RecordsLost`, whose message ends
+    with ``lost_advice``: those below the log's start (deleted after the range was planned), those
+    at or past the log's end (a partition end below ``end``: the topic made again, or the log's tail
+    lost), and all of a partition that no longer exists. With ``skip_lost`` they are skipped with a
+    warning instead, as Spark's Kafka source does under ``failOnDataLoss=false``: the read goes on
+    from the log's start, or ends when nothing of the range is left (the range and the log's offsets
+    no longer overlap). Only the high watermark decides that the log ends below ``end``: the one the
+    fetch that reported the end of the partition carried, confirmed by asking the broker again.
 
     ``renew(spent)`` (the caller disposes of ``spent`` and returns a new consumer of the same
     configuration) answers librdkafka's MSG_SIZE_TOO_LARGE when the read moved since the last
@@ -98,10 +108,12 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
     last_move = clock()
     lost_the_rest = False
     renewed_at: int | None = None  # the position of the last renewal of the consumer
+    gone_checked = last_move
     while position < end and not lost_the_rest:
         if clock() - last_move > timeout_s:
             raise TimeoutError(f"reading {what}: stuck at offset {position} below {end} for {timeout_s:g}s")
         before = position
+        at_eof = False
         # Ask for no more than the range holds, so the call returns as soon as the range is complete.
         msgs = consumer.consume(num_messages=max(1, min(max_messages, end - position)), timeout=poll_timeout_s)
         if msgs and not any(map(error_of, msgs)):
@@ -119,6 +131,7 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         position = max(position, m.offset() or 0)
+                        at_eof = True
                         continue
                     if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
                         available = _available(consumer, topic, partition)
@@ -149,6 +162,22 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
                 position = max(position, pos)
         if position > before:
             last_move = clock()
+        if position < end and not lost_the_rest:
+            lost = None
+            if at_eof:
+                lost = _log_ends_below(consumer, topic, partition, position, end)
+            elif clock() - max(last_move, gone_checked) >= GONE_CHECK_S:
+                gone_checked = clock()
+                if _partition_gone(consumer, topic, partition):
+                    _past_lost(position, end, what, skip_lost, None, lost_advice, gone=True)
+                    lost_the_rest = True
+            if lost is not None:
+                resume = _past_lost(position, end, what, skip_lost, lost, lost_advice)
+                if resume is None:
+                    lost_the_rest = True
+                else:
+                    position = resume
+                    consumer.assign([TopicPartition(topic, partition, position)])
 
 
 def _available(consumer: Any, topic: str, partition: int) -> tuple[int, int] | None:
@@ -163,15 +192,64 @@ def _available(consumer: Any, topic: str, partition: int) -> tuple[int, int] | N
     return int(low), int(high)
 
 
+def _log_ends_below(consumer: Any, topic: str, partition: int, position: int, end: int) -> tuple[int, int] | None:
+    """At an end of partition reported at ``position`` below ``end``: the partition's ``(log start,
+    end)`` when its log ends below ``end`` and holds nothing past ``position``, so ``[position, end)``
+    cannot be read (a data loss); None while the read should wait.
+
+    The high watermark decides, not the LSO: under read_committed the end of partition is the LSO,
+    which an open transaction holds below a range's end (the progress reader reads to the high
+    watermark and waits for such transactions). The fetch that reported the end of the partition
+    left its high watermark in the consumer's cache; a cached one below ``end`` is confirmed by
+    asking the broker again (one that does not answer, or whose log has grown past ``position``
+    since, is not a loss)."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    try:
+        _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+    except KafkaException:
+        return None
+    if high < 0 or high >= end:
+        return None
+    available = _available(consumer, topic, partition)
+    if available is None or available[1] > position or available[1] >= end:
+        return None
+    return available
+
+
+def _partition_gone(consumer: Any, topic: str, partition: int) -> bool:
+    """Whether the cluster says ``topic``'s ``partition`` no longer exists: its topic deleted, or made
+    again with fewer partitions (a fresh metadata request). A cluster that does not answer, or a
+    topic that is there but not ready (no leader yet), is not a loss."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    try:
+        md = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
+    except KafkaException:
+        return False
+    tm = md.topics.get(topic)
+    if tm is None:
+        return True
+    if tm.error is not None:
+        return bool(tm.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART)
+    return partition not in tm.partitions
+
+
 def _past_lost(position: int, end: int, what: str, skip_lost: bool, available: tuple[int, int] | None,
-               advice: str) -> int | None:
+               advice: str, gone: bool = False) -> int | None:
     """Where a read goes on once the log no longer holds ``position`` (``available`` is what it
-    holds): raises :class:`RecordsLost` unless ``skip_lost``; else the offset to read from (the
-    log's start, or ``position`` itself if the log holds it again: a topic made again and refilled),
-    or None when nothing of ``[position, end)`` is left. The three cases and their warnings are
-    Spark's (``KafkaDataConsumer.getEarliestAvailableOffsetBetween``)."""
-    if not skip_lost or available is None:
-        raise RecordsLost(what, position, available, advice)
+    holds; ``gone``: the partition no longer exists): raises :class:`RecordsLost` unless
+    ``skip_lost``; else the offset to read from (the log's start, or ``position`` itself if the log
+    holds it again: a topic made again and refilled), or None when nothing of ``[position, end)`` is
+    left. The three cases and their warnings are Spark's
+    (``KafkaDataConsumer.getEarliestAvailableOffsetBetween``)."""
+    if not skip_lost or (available is None and not gone):
+        raise RecordsLost(what, position, available, advice, gone=gone)
+    if gone or available is None:
+        log.warning("reading %s: the partition no longer exists (its topic deleted, or made again with fewer "
+                    "partitions): records [%d, %d) are skipped (failOnDataLoss=false); some data may have been "
+                    "lost", what, position, end)
+        return None
     low, high = available
     if position >= high or low >= end:
         log.warning("reading %s: offset %d is out of range and the log now holds [%d, %d): records [%d, %d) "
