@@ -389,6 +389,25 @@ class KafkaMetadata:
             found[t] = sorted(tm.partitions)
         return found
 
+    def vanished(self, parts: Mapping[str, Sequence[int]]) -> list[tuple[str, int]]:
+        """The partitions of ``parts`` the cluster says no longer exist: their topic deleted, or made
+        again with fewer partitions. A topic that is there but not ready (no leader yet) is not
+        vanished: its watermarks are asked for, and retried, as before."""
+        from confluent_kafka import KafkaError
+
+        if not parts:
+            return []
+        only = next(iter(parts)) if len(parts) == 1 else None  # one topic's metadata, not the cluster's
+        md = self._retrying("listing topics", lambda: self.consumer().list_topics(only, timeout=self.timeout_s))
+        out = []
+        for t, ps in sorted(parts.items()):
+            tm = md.topics.get(t)
+            for p in sorted(ps):
+                if tm is None or (tm.error is not None and tm.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART) or \
+                        (tm.error is None and p not in tm.partitions):
+                    out.append((t, p))
+        return out
+
     def watermarks(self, parts: Mapping[str, Sequence[int]]) -> dict[str, dict[str, tuple[int, int]]]:
         """(log start, end) per partition; the end is the LSO when reading read_committed."""
         from confluent_kafka import TopicPartition
@@ -472,7 +491,13 @@ class KafkaMetadata:
         return resolved
 
 
-def _check_data_loss(start: Offsets, marks: dict[str, dict[str, tuple[int, int]]], fail: bool) -> Offsets:
+def _check_data_loss(start: Offsets, marks: dict[str, dict[str, tuple[int, int]]], fail: bool,
+                     quiet: bool = False) -> Offsets:
+    """``start`` moved into each partition's ``[log start, end]`` (``marks``): a next offset outside
+    it is a data loss (records deleted before they were read, or a log that lost its tail or was
+    made again), an error, or under failOnDataLoss=false a warning naming the offsets skipped, as
+    Spark's "Partition X's offset was changed from A to B". ``quiet`` keeps the warnings for the
+    planning of the batch itself (``partitions``), which checks the same start again."""
     fixed: Offsets = {t: dict(ps) for t, ps in start.items()}
     for t, ps in marks.items():
         for p, (low, high) in ps.items():
@@ -481,14 +506,34 @@ def _check_data_loss(start: Offsets, marks: dict[str, dict[str, tuple[int, int]]
                 # A partition that appeared after the query started is read from its beginning; one
                 # whose beginning is gone already is a data loss (Spark's "Added partition ...").
                 fixed.setdefault(t, {})[p] = low
-                if low > 0:
+                if low > 0 and (fail or not quiet):
                     _data_loss(f"added partition {t}-{p} starts from {low} instead of 0", fail)
             elif cur < low or cur > high:
-                if fail:
-                    raise RuntimeError(f"data loss on {t}-{p}: next offset {cur} is outside [{low}, {high}] "
-                                       "(set failOnDataLoss=false to skip)")
-                fixed[t][p] = low if cur < low else high
+                new = low if cur < low else high
+                if fail or not quiet:
+                    _data_loss(f"data loss on {t}-{p}: next offset {cur} is outside [{low}, {high}]", fail,
+                               f"the offset was changed from {cur} to {new}: records [{cur}, {low}) are skipped"
+                               if cur < low else f"the offset was changed from {cur} to {new}: the log now ends "
+                               f"there (the topic made again, or its tail lost), and records [{new}, {cur}) are "
+                               "read again as they come")
+                fixed[t][p] = new
     return fixed
+
+
+def _check_planned_ends(start: Offsets, end: Offsets, marks: dict[str, dict[str, tuple[int, int]]],
+                        fail: bool) -> None:
+    """A planned (or replayed) batch whose range runs past its partition's end (``marks``; the LSO
+    under read_committed, which never falls below a planned end unless records were lost): the log
+    lost its tail, or the topic was made again, after the batch was planned. A data loss: an error,
+    or under failOnDataLoss=false a warning, the reader skipping what is not there. A start already
+    past the end is ``_check_data_loss``'s to report."""
+    for t, ps in sorted(marks.items()):
+        for p, (_low, high) in sorted(ps.items()):
+            want, begin = end.get(t, {}).get(p), start.get(t, {}).get(p, high)
+            if want is not None and want > high and want > begin and begin <= high:
+                _data_loss(f"the batch reads {t}-{p} up to {want}, past its end {high} (records deleted, or the "
+                           "topic made again, after the batch was planned)", fail,
+                           f"records [{high}, {want}) are skipped unless they are there when read")
 
 
 def _check_ending(end: Offsets, marks: dict[str, dict[str, tuple[int, int]]], fail: bool) -> Offsets:
@@ -602,7 +647,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: Any) -> dict:
         marks = self.meta.watermarks(self.meta.partitions())
-        start = _check_data_loss(start, marks, self.fail_on_data_loss)
+        start = _check_data_loss(start, marks, self.fail_on_data_loss, quiet=True)
         latest: Offsets = {t: {p: hi for p, (_lo, hi) in ps.items()} for t, ps in marks.items()}
         if self._available_now is not None:
             latest = min_offsets(latest, self._available_now)
@@ -633,10 +678,24 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {t: {p: hi for p, (_lo, hi) in ps.items()} for t, ps in marks.items()}
 
     def partitions(self, start: dict, end: dict) -> Sequence[Any]:
-        _report_gone(start, end, self.fail_on_data_loss)
+        """The batch's ranges, for a new batch and for one Spark replays from its offset log alike.
+        Data losses met since ``end`` was planned (partitions gone, records deleted, ends past the
+        log) fail here under failOnDataLoss=true, at once and naming the partition; under false they
+        are warned of, the ranges of vanished partitions are dropped and the reader skips the rest."""
+        fail = self.fail_on_data_loss
+        _report_gone(start, end, fail)
+        vanished = self.meta.vanished({t: [int(p) for p in ps] for t, ps in end.items()})
+        if vanished:
+            names = ", ".join(f"{t}-{p}" for t, p in vanished)
+            _data_loss(f"partitions {names} of the batch no longer exist (topic deleted, or made again with fewer "
+                       "partitions)", fail, "their records are skipped")
+            gone = {(t, str(p)) for t, p in vanished}
+            end = {t: {p: o for p, o in ps.items() if (t, p) not in gone} for t, ps in end.items()}
         marks = self.meta.watermarks({t: [int(p) for p in ps] for t, ps in end.items()})
-        start = _check_data_loss(start, marks, self.fail_on_data_loss)
-        return [RangePartition(r) for r in split_ranges(plan_ranges(start, end), self.min_partitions, self.max_records)]
+        checked = _check_data_loss(start, marks, fail)
+        _check_planned_ends(start, end, marks, fail)
+        return [RangePartition(r) for r in split_ranges(plan_ranges(checked, end), self.min_partitions,
+                                                        self.max_records)]
 
     def read(self, partition: Any) -> Iterator[Any]:
         return read_range(self.meta.conf, partition.rng, self.include_headers, self.meta.timeout_s,
