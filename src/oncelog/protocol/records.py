@@ -157,13 +157,16 @@ def validate_batch(buf: bytes | bytearray | memoryview, pos: int = 0, header: Ba
 
 def split_batches(buf: bytes | bytearray | memoryview, *, from_client: bool = False,
                   check_records: bool = True,
-                  max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES) -> list[tuple[int, BatchHeader]]:
+                  max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES,
+                  null_keys: list[list[int]] | None = None) -> list[tuple[int, BatchHeader]]:
     """Validate every batch of an append; return (position, header) pairs.
 
     The whole buffer must be made of complete, valid batches (no trailing partial batch), as
     Kafka requires of produced data. ``check_records`` walks the records of each batch
     (``validate_records``); ``from_client`` adds Kafka's checks on batches a producer sent (no
-    control batch, a producer id comes with a sequence number).
+    control batch, a producer id comes with a sequence number). With ``null_keys`` (and
+    ``check_records``), the walk appends to it, for each batch in order, the indexes of its records
+    whose key is null (a compacted topic refuses those).
     """
     out: list[tuple[int, BatchHeader]] = []
     pos = 0
@@ -184,14 +187,17 @@ def split_batches(buf: bytes | bytearray | memoryview, *, from_client: bool = Fa
                 raise RecordValidationError(
                     f"invalid sequence number {header.base_sequence} in a batch of producer {header.producer_id}")
         if check_records:
-            validate_records(buf, pos, header, max_uncompressed_bytes)
+            keys: list[int] | None = None if null_keys is None else []
+            validate_records(buf, pos, header, max_uncompressed_bytes, keys)
+            if null_keys is not None and keys is not None:
+                null_keys.append(keys)
         out.append((pos, header))
         pos += header.size
     return out
 
 
 def validate_records(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader,
-                     max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES) -> None:
+                     max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES, null_keys: list[int] | None = None) -> None:
     """Check the records of the (CRC-checked) batch at ``pos`` as Kafka's LogValidator reads them.
 
     Exactly ``records_count`` records fill the records section (compressed: its decompression),
@@ -200,6 +206,8 @@ def validate_records(buf: bytes | bytearray | memoryview, pos: int, header: Batc
     another negative length), a header count and its headers (key never null). Varints are at most
     5 bytes and fit an int32; varlongs at most 10. Raises RecordValidationError (INVALID_RECORD),
     or RecordsTooLargeError when a compressed payload inflates past ``max_uncompressed_bytes``.
+    The index of every record whose key is null is appended to ``null_keys`` when given (the walk
+    reads each key length anyway; no object is built per record).
 
     A compressed payload is walked as it inflates, a piece (``compression.STREAM_CHUNK``) at a time,
     as Kafka's StreamRecordIterator reads it: the walk stops at the first bad record, and once
@@ -210,7 +218,7 @@ def validate_records(buf: bytes | bytearray | memoryview, pos: int, header: Batc
     end = pos + header.size
     codec = header.attributes & ATTR_COMPRESSION_MASK
     if codec == 0:
-        _walk_records(buf, start, end, header.records_count)
+        _walk_records(buf, start, end, header.records_count, null_keys=null_keys)
         return
     from oncelog.protocol import compression  # it imports this module
 
@@ -218,7 +226,7 @@ def validate_records(buf: bytes | bytearray | memoryview, pos: int, header: Batc
         raise RecordValidationError(f"unknown compression type {codec} in record batch attributes")
     try:
         _walk_stream(compression.inflate_chunks(codec, memoryview(buf)[start:end], max_uncompressed_bytes),
-                     header.records_count)
+                     header.records_count, null_keys)
     except compression.InflatedTooLargeError as exc:
         raise RecordsTooLargeError(str(exc)) from None
     except compression.DecompressionError as exc:
@@ -229,7 +237,7 @@ _MIN_RECORD = 7  # length varint, attributes, timestamp delta, offset delta, key
 
 
 def _walk_records(buf: bytes | bytearray | memoryview, p: int, end: int, count: int, first: int = 0,
-                  final: bool = True) -> tuple[int, int]:
+                  final: bool = True, null_keys: list[int] | None = None) -> tuple[int, int]:
     """See ``validate_records``; returns (position after the last record walked, records walked so
     far). This is the produce hot path: one- and two-byte varints are decoded inline (small deltas,
     null keys, values under 8 KiB, no headers), longer ones by ``_uvarint``; zig-zag values are
@@ -242,6 +250,7 @@ def _walk_records(buf: bytes | bytearray | memoryview, p: int, end: int, count: 
     if final and count - first > (end - p) // _MIN_RECORD:
         raise RecordValidationError(f"a batch of {end - p} bytes cannot hold {count} records")
     uvarint = _uvarint
+    collect = null_keys is not None
     expected_delta = 2 * first  # zig-zag of the record's index
     s = p  # where the record being read starts
     try:
@@ -295,6 +304,8 @@ def _walk_records(buf: bytes | bytearray | memoryview, p: int, end: int, count: 
             if raw & 1:
                 if raw != 1:
                     raise _bad_record(expected_delta, f"invalid key length {-((raw + 1) >> 1)}")
+                if collect:
+                    null_keys.append(expected_delta >> 1)  # type: ignore[union-attr]
             else:
                 q += raw >> 1
             # value
@@ -348,7 +359,7 @@ def _runs_past(buf: bytes | bytearray | memoryview, s: int, end: int) -> bool:
     return False
 
 
-def _walk_stream(chunks: Iterator[bytes], count: int) -> None:
+def _walk_stream(chunks: Iterator[bytes], count: int, null_keys: list[int] | None = None) -> None:
     """``_walk_records`` over a payload arriving in pieces (``compression.inflate_chunks``).
 
     The records all there in what has arrived are walked by ``_walk_records``; a record that
@@ -362,9 +373,9 @@ def _walk_stream(chunks: Iterator[bytes], count: int) -> None:
     while index < count:
         if inflow.p == len(inflow.buf) and not inflow.more():
             raise _bad_record(2 * index, "premature end of the records")
-        inflow.p, index = _walk_records(inflow.buf, inflow.p, len(inflow.buf), count, index, final=False)
+        inflow.p, index = _walk_records(inflow.buf, inflow.p, len(inflow.buf), count, index, False, null_keys)
         if index < count and inflow.p < len(inflow.buf):
-            _walk_one(inflow, index)
+            _walk_one(inflow, index, null_keys)
             index += 1
     if inflow.p < len(inflow.buf) or inflow.more():
         raise RecordValidationError(
@@ -430,7 +441,7 @@ class _Inflow:
         self.p += n
 
 
-def _walk_one(inflow: _Inflow, i: int) -> None:
+def _walk_one(inflow: _Inflow, i: int, null_keys: list[int] | None) -> None:
     """Record ``i``, at the reader's position, field by field (the checks of ``_walk_records``)."""
     try:
         raw = inflow.uvarint(5)
@@ -447,6 +458,8 @@ def _walk_one(inflow: _Inflow, i: int) -> None:
             if raw & 1:
                 if raw != 1:
                     raise _bad_record(2 * i, f"invalid {what} length {-((raw + 1) >> 1)}")
+                if what == "key" and null_keys is not None:
+                    null_keys.append(i)
             else:
                 inflow.skip(raw >> 1, rec_end, i)
         raw = inflow.uvarint(5)

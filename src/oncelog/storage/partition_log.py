@@ -40,7 +40,7 @@ from typing import ClassVar
 from oncelog.clock import Clock
 from oncelog.protocol import compression
 from oncelog.protocol import records as rb
-from oncelog.storage import descriptors, fileio, record_codec, segment_swap
+from oncelog.storage import descriptors, fileio, segment_swap
 from oncelog.storage.config import INT64_MAX, LogConfig
 from oncelog.storage.errors import (
     DiskFullError,
@@ -540,7 +540,10 @@ class PartitionLog:
         returns, unless ``defer_sync``: then the caller must not acknowledge before
         :attr:`synced_end` passes the result's last offset (the server's group commit does that)."""
         self._check_online()
-        batches = rb.split_batches(records, from_client=origin is AppendOrigin.CLIENT)
+        # A compacted topic refuses a client's records without a key (Kafka's LogValidator): the
+        # validating walk reports them, so no record is decoded for it.
+        null_keys: list[list[int]] | None = [] if origin is AppendOrigin.CLIENT and self.config.compact else None
+        batches = rb.split_batches(records, from_client=origin is AppendOrigin.CLIENT, null_keys=null_keys)
         max_bytes = self.config.max_message_bytes
         controls: list[rb.ControlMarker | None] = []
         needs_producer_state = False
@@ -558,13 +561,9 @@ class PartitionLog:
         now = self.clock.now_ms()
         if origin is AppendOrigin.CLIENT:
             records, batches = self._validate_client_batches(records, batches, now)
-            if self.config.compact:
-                for pos, header in batches:
-                    if header.is_control:
-                        continue
-                    keyless = record_codec.keyless_records(memoryview(records)[pos:pos + header.size], header)
-                    if keyless:
-                        raise KeylessRecordError.of(f"{self.topic}-{self.partition}", keyless)
+            for keyless in null_keys or ():
+                if keyless:  # the first batch with any (Kafka's processRecordErrors, batch by batch)
+                    raise KeylessRecordError.of(f"{self.topic}-{self.partition}", keyless)
         headers = [h for _, h in batches]
         plan = None
         if needs_producer_state:

@@ -1,9 +1,8 @@
 """Records inside a RecordBatch v2: decode (decompressing), rebuild with fewer records, empty headers.
 
-The append and fetch paths never look inside a batch (see ``protocol.records``). Two things must:
-the log cleaner, which keeps the newest record per key and so rewrites batches with the surviving
-records, and the append path of a compacted topic, which refuses records without a key (Kafka's
-``LogValidator``: "Compacted topic cannot accept message without key").
+The append and fetch paths never decode records into objects (``protocol.records`` walks them in
+place, and reports the keyless records a compacted topic refuses). The log cleaner must: it keeps the
+newest record per key and so rewrites batches with the surviving records.
 
 Record layout (varints are zig-zag)::
 
@@ -89,12 +88,6 @@ def decode_records(batch: bytes | memoryview, header: rb.BatchHeader) -> list[Re
     except IndexError:
         raise rb.InvalidRecordError("truncated record") from None
     return out
-
-
-def keyless_records(batch: bytes | memoryview, header: rb.BatchHeader) -> list[int]:
-    """Index in the batch of every record without a key (a compacted topic refuses those, and
-    Kafka names each one in the Produce response's record errors)."""
-    return [i for i, r in enumerate(decode_records(batch, header)) if r.key is None]
 
 
 # --- encoding --------------------------------------------------------------------------------------
