@@ -68,7 +68,8 @@ class GroupCoordinator:
             group_max_record_bytes=group_max_record_bytes, store_refused=store_refused,
             group_max_count=group_max_count)
         self.offset_store = OffsetMetadataManager()
-        #: The earliest membership deadline ahead as of the last :meth:`tick` (None: nothing due).
+        #: The earliest membership deadline ahead as of the last :meth:`tick` (None: nothing due), in
+        #: wall-clock terms (see :meth:`tick`).
         self.next_timer_ms: int | None = None
 
     # --- views the server and tests read -------------------------------------------------------------
@@ -120,8 +121,16 @@ class GroupCoordinator:
 
     def tick(self) -> list[Record]:
         """Run the membership timers; returns the records they produced (the next timer's
-        deadline is then :attr:`next_timer_ms`)."""
-        self.next_timer_ms = self.membership.tick()
+        deadline is then :attr:`next_timer_ms`).
+
+        The timers run on the monotonic clock; :attr:`next_timer_ms` is the next one's deadline as
+        the wall clock read at this tick plus the monotonic time still to go, so a caller that
+        sleeps ``next_timer_ms - clock.now_ms()`` right after the tick sleeps just that long. A
+        wall-clock step between the tick and that subtraction only makes the caller tick early or
+        late once; the timers themselves never read the wall clock."""
+        deadline = self.membership.tick()
+        self.next_timer_ms = (None if deadline is None
+                              else self.clock.now_ms() + deadline - self.clock.monotonic_ms())
         return self.take_records()
 
     # --- offsets ------------------------------------------------------------------------------------

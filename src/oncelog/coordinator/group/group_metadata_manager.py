@@ -1,9 +1,18 @@
 """Membership of classic groups (Kafka's GroupMetadataManager, classic part): JoinGroup, SyncGroup,
 Heartbeat, LeaveGroup, the rebalance state machine and its timers.
 
-Sans-IO: methods take plain values, ``now`` comes from the injected clock. JoinGroup and SyncGroup
+Sans-IO: methods take plain values, time comes from the injected clock. JoinGroup and SyncGroup
 answer when the rebalance gets there, so they take a ``respond`` callback (the server's resolves a
 future); every callback is called at most once.
+
+Two clocks, as in Kafka. Every timer (a member's session, ``last_heartbeat_ms + session_timeout_ms``;
+a pending member id's expiry; a rebalance's initial delay and deadline) runs on the monotonic clock,
+``clock.monotonic_ms()``, as Kafka's run on its timer wheel (``SystemTimer``, on ``hiResClockMs``):
+a wall-clock step (NTP, an operator, a VM resumed) neither keeps a dead member in its group nor
+expires live ones. These readings live in memory only and are compared only with each other; inside
+this module ``now`` is always one. A group's ``state_timestamp_ms`` is wall-clock time
+(``clock.now_ms()``, Kafka's ``currentStateTimestamp`` from ``time.milliseconds()``): it is logged
+with the group and offset retention counts from it, against the wall clock, as Kafka's does.
 
 Membership lives in memory, as in Kafka (whose classic-group records are appended without being
 replayed at runtime): a rebalance is a conversation with parked requests and timers, not durable
@@ -152,7 +161,7 @@ class GroupMetadataManager:
         replaces (fences) the instance's current member, a dynamic member may first be told
         MEMBER_ID_REQUIRED. A member id must belong to the group (and to the instance id, if one is
         given: else FENCED_INSTANCE_ID). ``respond`` is called once, now or when the join phase ends."""
-        now = self.clock.now_ms()
+        now = self.clock.monotonic_ms()
         if not group_id:
             return respond(JoinResult(ErrorCode.invalid_group_id, member_id=member_id))
         self._touch(group_id)
@@ -166,7 +175,7 @@ class GroupMetadataManager:
                 return respond(JoinResult(ErrorCode.unknown_member_id, member_id=member_id))
             if self.no_room_for_a_group():
                 return respond(JoinResult(ErrorCode.coordinator_not_available, member_id=member_id))
-            g = GroupMetadata(group_id, state_timestamp_ms=now)
+            g = GroupMetadata(group_id, state_timestamp_ms=self.clock.now_ms())
             if not g.supports_protocols(protocol_type, protocols):
                 return respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id=member_id))
             self.groups[group_id] = g
@@ -298,7 +307,7 @@ class GroupMetadataManager:
                     callback(SyncResult(sync_error))
         if g.state is G.EMPTY:
             g.initial_delay_until_ms = now + self.initial_rebalance_delay_ms
-        g.transition_to(G.PREPARING_REBALANCE, now)
+        g.transition_to(G.PREPARING_REBALANCE, self.clock.now_ms())
         g.rebalance_deadline_ms = now + g.rebalance_timeout_ms()
 
     def _maybe_complete_join(self, g: GroupMetadata, now: int) -> None:
@@ -323,13 +332,13 @@ class GroupMetadataManager:
         if not g.members:
             g.protocol_name = None
             g.leader_id = None
-            g.transition_to(G.EMPTY, now)
+            g.transition_to(G.EMPTY, self.clock.now_ms())
             self._emit_group(g)
             return
         if g.leader_id not in joined:
             g.leader_id = joined[0]
         g.protocol_name = g.select_protocol()
-        g.transition_to(G.COMPLETING_REBALANCE, now)
+        g.transition_to(G.COMPLETING_REBALANCE, self.clock.now_ms())
         for m in g.members.values():
             callback, m.awaiting_join = m.awaiting_join, None
             m.last_heartbeat_ms = now
@@ -359,7 +368,7 @@ class GroupMetadataManager:
         and name (SyncGroup v5+; INCONSISTENT_GROUP_PROTOCOL when one is given, the group has one and
         they differ: Kafka's isProtocolInconsistent), then state. The leader's SyncGroup in
         CompletingRebalance sets every member's assignment and makes the group Stable."""
-        now = self.clock.now_ms()
+        now = self.clock.monotonic_ms()
         self._touch(group_id)
         g = self.groups.get(group_id)
         if g is None:
@@ -390,7 +399,7 @@ class GroupMetadataManager:
                 return self._prepare_rebalance(g, now, sync_error=ErrorCode.not_coordinator)
             for x in g.members.values():
                 x.assignment = given.get(x.member_id, b"")
-            g.transition_to(G.STABLE, now)
+            g.transition_to(G.STABLE, self.clock.now_ms())
             for x in g.members.values():
                 callback, x.awaiting_sync = x.awaiting_sync, None
                 if callback is not None:
@@ -410,7 +419,7 @@ class GroupMetadataManager:
             return error
         if generation_id != g.generation_id:
             return ErrorCode.illegal_generation
-        g.members[member_id].last_heartbeat_ms = self.clock.now_ms()
+        g.members[member_id].last_heartbeat_ms = self.clock.monotonic_ms()
         if g.state is G.PREPARING_REBALANCE:
             return ErrorCode.rebalance_in_progress
         return ErrorCode.none
@@ -420,7 +429,7 @@ class GroupMetadataManager:
         """Kafka's classic LeaveGroup. An empty member id with an instance id removes that static
         member (an admin's removal); otherwise the member must pass ``validate_member``. Results carry
         the member ids as the request gave them."""
-        now = self.clock.now_ms()
+        now = self.clock.monotonic_ms()
         self._touch(group_id)
         g = self.groups.get(group_id)
         if g is None:
@@ -465,16 +474,20 @@ class GroupMetadataManager:
         earliest deadline still ahead (a member's session, a pending member id, a rebalance's
         initial delay or deadline), or None, so that the caller runs the next tick on time.
 
+        Deadlines and the returned one are monotonic-clock readings (``clock.monotonic_ms()``), never
+        wall-clock ones: a wall-clock step moves no deadline, nearer or later.
+
         A tick visits only the groups that are due or were changed since the last tick, not every
         member of every group: each visited group is scheduled again at the earliest deadline it
-        holds. That is sound because a deadline can only move later without a visit: a heartbeat
-        (or a commit counting as one) moves its member's deadline later and is the one change that
-        does not mark its group; what can bring a deadline nearer (JoinGroup: a new member, a rebalance
-        and its deadlines, a pending member id; LeaveGroup: a rebalance; loading) goes through
-        :meth:`_touch`, and so does SyncGroup, which only ends waits. A group scheduled too early is
-        visited, finds nothing due and is scheduled again. ``tests/coordinator/test_group_timers.py``
-        checks all this against a full scan."""
-        now = self.clock.now_ms()
+        holds. That is sound because a deadline can only move later without a visit (and the clock
+        it is read against only forward): a heartbeat (or a commit counting as one) moves its
+        member's deadline later and is the one change that does not mark its group; what can bring
+        a deadline nearer (JoinGroup: a new member, a rebalance and its deadlines, a pending member
+        id; LeaveGroup: a rebalance; loading) goes through :meth:`_touch`, and so does SyncGroup,
+        which only ends waits. A group scheduled too early is visited, finds nothing due and is
+        scheduled again. ``tests/coordinator/test_group_timers.py`` checks all this against a full
+        scan."""
+        now = self.clock.monotonic_ms()
         visit, self._touched = self._touched, set()
         timers = self._timers
         while timers and timers[0][0] <= now:
@@ -575,7 +588,7 @@ class GroupMetadataManager:
         PreparingRebalance (Kafka's rule for the classic protocol)."""
         g = self.groups.get(group_id)
         if g is not None and member_id in g.members and g.state in (G.STABLE, G.PREPARING_REBALANCE):
-            g.members[member_id].last_heartbeat_ms = self.clock.now_ms()
+            g.members[member_id].last_heartbeat_ms = self.clock.monotonic_ms()
 
     def validate_delete(self, group_id: str) -> ErrorCode:
         """DeleteGroups: only an Empty group may be deleted (Kafka's validateDeleteGroup)."""
@@ -612,7 +625,7 @@ class GroupMetadataManager:
 
     def loaded(self) -> None:
         """End of loading: restored members get a full session timeout to heartbeat again."""
-        now = self.clock.now_ms()
+        now = self.clock.monotonic_ms()
         self.loading = False
         for g in self.groups.values():
             self._touch(g.group_id)

@@ -51,7 +51,7 @@ class MemberMetadata:
     protocol_type: str
     protocols: list[tuple[str, bytes]]
     assignment: bytes = b""
-    last_heartbeat_ms: int = 0
+    last_heartbeat_ms: int = 0  # monotonic clock (see group_metadata_manager), never logged
     awaiting_join: Callable[[Any], None] | None = None
     awaiting_sync: Callable[[Any], None] | None = None
 
@@ -71,11 +71,13 @@ class GroupMetadata:
     protocol_name: str | None = None
     leader_id: str | None = None
     members: dict[str, MemberMetadata] = field(default_factory=dict)
-    pending_members: dict[str, int] = field(default_factory=dict)  # member id -> expiry
+    pending_members: dict[str, int] = field(default_factory=dict)  # member id -> expiry (monotonic clock)
     static_members: dict[str, str] = field(default_factory=dict)  # group.instance.id -> member id
-    rebalance_deadline_ms: int = 0
+    rebalance_deadline_ms: int = 0  # monotonic clock, as is initial_delay_until_ms (0: no delay)
     initial_delay_until_ms: int = 0
-    state_timestamp_ms: int = 0  # when it entered its state; -1: unknown (loaded from an older record)
+    # When it entered its state, wall clock (logged; offset retention counts from it); -1: unknown
+    # (loaded from an older record).
+    state_timestamp_ms: int = 0
 
     def transition_to(self, state: GroupState, now_ms: int) -> None:
         if self.state not in VALID_PREVIOUS[state]:
