@@ -131,6 +131,32 @@ def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeade
     return BatchHeader(*_HEADER.unpack_from(buf, pos))
 
 
+#: The smallest batch length Kafka's ByteBufferLogInputStream lets through (LegacyRecord.RECORD_OVERHEAD_V0).
+MIN_BATCH_LENGTH = 14
+_MAGIC_AT = 16
+
+
+def complete_batch_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | None:
+    """Kafka's ByteBufferLogInputStream.nextBatch: the size (``12 + batch_length``) of the batch at
+    ``pos`` when all of it is there; None when it is not (fewer than 12 bytes, than 17, or than its
+    size), which Kafka reads as "no batch". Raises InvalidRecordError (CORRUPT_MESSAGE) as its
+    nextBatchSize does, in its order: a length below ``MIN_BATCH_LENGTH`` once 12 bytes are there,
+    then a magic outside 0-2 once 17 are (whether or not the rest is)."""
+    remaining = len(buf) - pos
+    if remaining < LOG_OVERHEAD:
+        return None
+    (length,) = _I32.unpack_from(buf, pos + 8)
+    if length < MIN_BATCH_LENGTH:
+        raise InvalidRecordError(f"Record size {length} is less than the minimum record overhead ({MIN_BATCH_LENGTH})")
+    if remaining < _MAGIC_AT + 1:
+        return None
+    magic = struct.unpack_from(">b", buf, pos + _MAGIC_AT)[0]
+    if magic < 0 or magic > MAGIC_V2:
+        raise InvalidRecordError(f"Invalid magic found in record: {magic}")
+    size = LOG_OVERHEAD + length
+    return size if remaining >= size else None
+
+
 def validate_batch(buf: bytes | bytearray | memoryview, pos: int = 0, header: BatchHeader | None = None) -> BatchHeader:
     """Check magic, length and CRC of the batch at ``pos``; return its header (``header``, when the
     caller already read the one at ``pos``, is not decoded again).

@@ -1,7 +1,9 @@
 """Produce: validate each partition's record batches and append them.
 
-The broker never decodes records: ``PartitionLog.append`` checks headers and CRCs, the producer
-state (idempotence, epochs, transactions) and assigns offsets. Errors are per partition; one bad
+``records_refusal`` first answers what Kafka's ProduceRequest.validateRecords answers (no whole
+batch, a bad length or magic, a second batch); then ``PartitionLog.append`` checks headers, CRCs
+and records (walked in place, never decoded into objects), the producer state (idempotence,
+epochs, transactions) and assigns offsets. Errors are per partition; one bad
 partition does not fail the others. acks=0 gets no response at all, as in Kafka.
 """
 
@@ -48,23 +50,11 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
     plog = broker.logs.get_partition(topic, partition)
     if plog is None:
         return _error(partition, ErrorCode.unknown_topic_or_partition)
-    if not data:
-        return _error(partition, ErrorCode.corrupt_message, "empty record set")
-    try:
-        first = records.read_header(data, 0)
-    except records.InvalidRecordError as exc:
-        return _error(partition, ErrorCode.corrupt_message, str(exc))
-    if first.magic != records.MAGIC_V2:
-        return _error(partition, ErrorCode.unsupported_for_message_format,
-                      "only RecordBatch v2 (magic 2) is supported")
-    if first.size < len(data):
-        # Produce v3+ carries exactly one batch per partition (Kafka's ProduceRequest validation);
-        # checks below that look at the batch's producer would otherwise see only the first one.
-        return _error(partition, ErrorCode.invalid_record,
-                      "a produce request (v3+) must contain exactly one record batch per partition")
-    if req.api_version < 7 and first.attributes & records.ATTR_COMPRESSION_MASK == 4:
-        return _error(partition, ErrorCode.unsupported_compression_type,
-                      f"produce requests with version {req.api_version} may not use zstd compression")
+    data = data or b""  # null records: as empty ones
+    refused = records_refusal(data, req.api_version)
+    if refused is not None:
+        return _error(partition, *refused)
+    first = records.read_header(data, 0)
     code = broker.check_produce(first.producer_id, first.producer_epoch, transactional_id, first.is_transactional,
                                 topic, partition)
     if code != ErrorCode.none:
@@ -104,6 +94,43 @@ def produce_partition(broker: Broker, req: Request, topic: str, partition: int, 
     return {"index": partition, "error_code": ErrorCode.none, "base_offset": result.base_offset,
             "log_append_time": result.log_append_time_ms, "log_start_offset": result.log_start_offset,
             "error_message": None}
+
+
+def records_refusal(data: bytes, version: int) -> tuple[ErrorCode, str] | None:
+    """What Kafka answers a partition's records before appending them, in its order: its
+    ProduceRequest.validateRecords (every version we serve is v3+), which reads them as
+    ByteBufferLogInputStream does (``records.complete_batch_size``), then UnifiedLog's check that the
+    batch is longer than its header. None: one complete RecordBatch v2, nothing after it.
+
+    - no complete batch (empty, fewer than 12 or 17 bytes, a length past the data): INVALID_RECORD;
+    - a length below 14, or a magic outside 0-2: CORRUPT_MESSAGE (checked before the batch is whole);
+    - magic 0 or 1: INVALID_RECORD; zstd before v7: UNSUPPORTED_COMPRESSION_TYPE;
+    - a second complete batch: INVALID_RECORD (a second one whose length or magic is bad: CORRUPT_MESSAGE);
+    - a batch shorter than its 61-byte header: CORRUPT_MESSAGE.
+
+    Bytes after the batch that are not a whole batch are refused too (INVALID_RECORD), where Kafka
+    drops them and appends the batch (UnifiedLog.trimInvalidBytes): no client sends them."""
+    requests = f"Produce requests with version {version}"
+    try:
+        size = records.complete_batch_size(data)
+        if size is None:
+            return ErrorCode.invalid_record, f"{requests} must have at least one record batch per partition"
+        if data[16] != records.MAGIC_V2:
+            return ErrorCode.invalid_record, \
+                f"{requests} are only allowed to contain record batches with magic version 2"
+        if version < 7 and data[22] & records.ATTR_COMPRESSION_MASK == 4:  # the attributes' low byte
+            return ErrorCode.unsupported_compression_type, f"{requests} are not allowed to use ZStandard compression"
+        if records.complete_batch_size(data, size) is not None:
+            return ErrorCode.invalid_record, \
+                f"{requests} are only allowed to contain exactly one record batch per partition"
+    except records.InvalidRecordError as exc:
+        return ErrorCode.corrupt_message, str(exc)
+    if size < records.HEADER_SIZE:
+        return ErrorCode.corrupt_message, \
+            f"Record batch is corrupt (the size {size} is smaller than the minimum allowed overhead 61)"
+    if size < len(data):
+        return ErrorCode.invalid_record, f"{len(data) - size} bytes after the record batch are not a record batch"
+    return None
 
 
 def _has_transactional_records(body: Any) -> bool:
