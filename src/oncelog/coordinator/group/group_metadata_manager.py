@@ -299,11 +299,13 @@ class GroupMetadataManager:
                            sync_error: ErrorCode = ErrorCode.rebalance_in_progress) -> None:
         if g.state is G.COMPLETING_REBALANCE:
             # The leader's assignment for this generation will never be used: forget the old one
-            # and send the members waiting in SyncGroup back to JoinGroup, with ``sync_error``.
+            # and send the members waiting in SyncGroup back to JoinGroup, with ``sync_error``,
+            # each with a full session to do it (Kafka's propagateAssignment).
             for m in g.members.values():
                 m.assignment = b""
                 if m.awaiting_sync is not None:
                     callback, m.awaiting_sync = m.awaiting_sync, None
+                    m.last_heartbeat_ms = now
                     callback(SyncResult(sync_error))
         if g.state is G.EMPTY:
             g.initial_delay_until_ms = now + self.initial_rebalance_delay_ms
@@ -403,6 +405,9 @@ class GroupMetadataManager:
             for x in g.members.values():
                 callback, x.awaiting_sync = x.awaiting_sync, None
                 if callback is not None:
+                    # Its session counts from its answer (Kafka's propagateAssignment reschedules
+                    # the heartbeat): waiting for the leader is not silence.
+                    x.last_heartbeat_ms = now
                     callback(SyncResult(ErrorCode.none, g.protocol_type, g.protocol_name, x.assignment))
             self._emit_group(g)
 
