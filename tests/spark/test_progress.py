@@ -22,8 +22,14 @@ from oncelog.spark.progress import (
     progress_key,
     progress_value,
 )
-from oncelog.spark.sink import SinkSettings, TaskIdentity, write_partition
+from oncelog.spark.sink import SinkSettings, Spool, TaskIdentity, write_partition
 from oncelog.testing.broker_process import BrokerProcess, create_topic
+
+
+def _digest(values: list[bytes]) -> int:
+    spool = Spool()
+    spool.extend([(None, v, None, None, None) for v in values])
+    return spool.digest
 
 
 class _Future:
@@ -118,7 +124,7 @@ def test_a_fresh_worker_reads_from_a_snapshot_not_from_offset_zero(broker: Broke
     clear_cache()  # a fresh Python worker
     log = ProgressLog({"bootstrap.servers": bs}, "progress-snap", 1)
     state = log.read(0)
-    assert state.latest[busy] == Committed(history, 1) and state.latest[early] == Committed(7, 3)
+    assert state.latest[busy] == Committed(history, 1, _digest([b"x"])) and state.latest[early] == Committed(7, 3)
     assert log.last_read_records <= 2 * SNAPSHOT_EVERY + 5 < history, log.last_read_records
     again = log.read(0)  # the same worker: from its cached position
     assert log.last_read_records == 0 and again.latest == state.latest
@@ -165,7 +171,7 @@ def test_records_no_sink_wrote_are_skipped_with_a_warning_and_the_sink_carries_o
         log = ProgressLog({"bootstrap.servers": bs}, "progress-junk", 1)
         state = log.read(0)
     assert log.foreign_records == len(junk)
-    assert state.latest[progress_key(s.sink_id("q"), 0)] == Committed(0, 1)  # the sink's own record counts
+    assert state.latest[progress_key(s.sink_id("q"), 0)] == Committed(0, 1, _digest([b"b0"]))  # the sink's own
     assert caplog.text.count("is not a progress record") == 1  # once a read, not once a record
     clear_cache()
     replay = write_partition([(None, b"b0", None, None, None)], TaskIdentity("q", 0, 0), s)
@@ -178,6 +184,33 @@ def test_records_no_sink_wrote_are_skipped_with_a_warning_and_the_sink_carries_o
 
 def test_progress_values_are_json_with_the_partition_count() -> None:
     assert json.loads(progress_value(3, 10, 16)) == {"batch_id": 3, "rows": 10, "parts": 16}
+    assert json.loads(progress_value(3, 10, 16, 2**64 - 1)) == {"batch_id": 3, "rows": 10, "parts": 16,
+                                                                "digest": 2**64 - 1}
+
+
+def test_records_and_snapshots_with_and_without_a_digest_are_read(broker: BrokerProcess) -> None:
+    """Progress records and snapshot entries carry the batch's digest; those written before digests
+    existed (no ``digest`` field, two-element snapshot entries) still read, with digest None (the
+    sink then compares row counts only). A digest that is not an integer is not a sink's record."""
+    from confluent_kafka import Producer
+
+    bs = broker.bootstrap
+    create_topic(bs, "progress-digest", 1)
+    old, new, snap_old, snap_new = (progress_key(f"q-{n}/out", 0) for n in ("old", "new", "snap-old", "snap-new"))
+    p = Producer({"bootstrap.servers": bs})
+    p.produce("progress-digest", key=SNAPSHOT_KEY.encode(), partition=0,
+              value=json.dumps({"upto": 0, "state": {snap_old: [4, 7], snap_new: [5, 8, 12345]}}).encode())
+    p.produce("progress-digest", key=old.encode(), value=b'{"batch_id":2,"rows":3,"parts":1}', partition=0)
+    p.produce("progress-digest", key=new.encode(), value=progress_value(3, 4, 1, 2**64 - 2), partition=0)
+    p.produce("progress-digest", key=new.encode(), value=b'{"batch_id":9,"rows":4,"parts":1,"digest":"x"}',
+              partition=0)
+    assert p.flush(10) == 0
+    clear_cache()
+    log = ProgressLog({"bootstrap.servers": bs}, "progress-digest", 1)
+    state = log.read(0)
+    assert state.latest == {old: Committed(2, 3), new: Committed(3, 4, 2**64 - 2), snap_old: Committed(4, 7),
+                            snap_new: Committed(5, 8, 12345)}
+    assert log.foreign_records == 1
 
 
 class _SpentReader:

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from oncelog.spark.db_sink import PostgresUpsertSink, SqliteUpsertSink, UpsertSink, database_sink
+from oncelog.spark.guarantees import Guarantee
+from oncelog.spark.options import get_option
 from oncelog.spark.sink import (
     ArrowRecords,
     CommitSummary,
@@ -26,6 +29,7 @@ from oncelog.spark.sink import (
     SinkSettings,
     TaskIdentity,
     check_output_schema,
+    compacted_inputs,
     records_from_rows,
     summarize,
     write_partition,
@@ -44,16 +48,28 @@ class KafkaForeachBatch:
     through ``DataFrame.mapInArrow`` (same partitions; needs pandas, which a Connect client has).
     """
 
-    def __init__(self, settings: SinkSettings, query_id: str, hooks: SinkHooks | None = None) -> None:
+    def __init__(self, settings: SinkSettings, query_id: str, hooks: SinkHooks | None = None,
+                 checkpoint: str | None = None) -> None:
         if not query_id:
             raise ValueError("kafka_foreach_batch needs a non-empty query_id, stable across restarts")
         self.settings = settings
         self.query_id = query_id
         self.hooks = hooks
+        #: the query's checkpoint location (option ``checkpointLocation``), where the input topics
+        #: of each batch are found (:func:`~oncelog.spark.sink.compacted_inputs`)
+        self.checkpoint = checkpoint
         self.last_commit: CommitSummary | None = None
 
+    def batch_settings(self, batch_id: int) -> SinkSettings:
+        """The settings for batch ``batch_id``'s tasks: with the input topics found compacted in its
+        offset log entry, when the checkpoint location is known (exactly_once only)."""
+        if self.checkpoint is None or self.settings.guarantee is not Guarantee.exactly_once:
+            return self.settings
+        return replace(self.settings, compacted_inputs=compacted_inputs(
+            self.checkpoint, self.settings.client, self.settings.connect_timeout_s, batch_id))
+
     def task_function(self, batch_id: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
-        settings, hooks, query_id = self.settings, self.hooks, self.query_id
+        settings, hooks, query_id = self.batch_settings(batch_id), self.hooks, self.query_id
 
         def task(batches: Iterator[Any]) -> Iterator[Any]:
             import pyarrow as pa
@@ -69,7 +85,7 @@ class KafkaForeachBatch:
         return task
 
     def row_task_function(self, batch_id: int) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
-        settings, hooks, query_id = self.settings, self.hooks, self.query_id
+        settings, hooks, query_id = self.batch_settings(batch_id), self.hooks, self.query_id
 
         def task(index: int, rows: Iterator[Any]) -> Iterator[Any]:
             from pyspark import TaskContext
@@ -100,11 +116,14 @@ def kafka_foreach_batch(bootstrap: str, topic: str, query_id: str, guarantee: st
     The DataFrame needs a ``value`` column (and optionally key, topic, partition, headers). Its
     partitioning must be the same when Spark replays a batch (true for the output of a shuffle or a
     stateful operator), because the skip-on-replay decision is made per (batch, partition); a replay
-    whose partition holds a different number of rows fails instead of being skipped. ``options``
-    takes the sink's options (``progress.topic``, ``kafka.*``, ...). ``hooks`` is for tests and the
-    demo. The progress topic is created or adopted (with its partition count) here, on the driver.
+    whose partition holds other rows (another count, or another digest) fails instead of being
+    skipped. ``options`` takes the sink's options (``progress.topic``, ``kafka.*``, ...), and the
+    query's ``checkpointLocation``: given it, a replay with fewer rows is skipped when the batch's
+    input topics are compacted, as by the ``oncelog`` sink (docs/design/spark-sink.md). ``hooks`` is
+    for tests and the demo. The progress topic is created or adopted (with its partition count)
+    here, on the driver.
     """
     opts = {"kafka.bootstrap.servers": bootstrap, "topic": topic, "processing.guarantee": guarantee,
             **(options or {})}
     settings = SinkSettings.from_options(opts).prepare()
-    return KafkaForeachBatch(settings, query_id, hooks)
+    return KafkaForeachBatch(settings, query_id, hooks, get_option(opts, "checkpointLocation"))

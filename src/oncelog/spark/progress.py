@@ -1,17 +1,19 @@
-"""The sink's progress log: which sink partition committed which micro-batch, with how many rows.
+"""The sink's progress log: which sink partition committed which micro-batch, with how many rows
+and which digest of them.
 
 A progress record is a Kafka record in a small topic (default ``oncelog-spark-progress``) with key
 ``"{query_id}/{target}/{partition_id}"`` (the *sink identity* ``query_id/target`` — target being the
 output topic, ``*`` when rows carry their topic — plus the Spark partition) and value JSON
-``{"batch_id": b, "rows": n, "parts": P}``. The exactly-once sink writes it inside the same
-transaction as the partition's output, so the record is visible (under read_committed) if and only
-if the output is. Spark partition ``p`` writes to progress partition ``p % P``; with at least as many
-progress partitions as Spark partitions no two live transactional ids of one sink share a
-progress partition. ``parts`` records ``P``: a reader finding another count refuses to go on (added
-partitions would move keys and hide their history).
+``{"batch_id": b, "rows": n, "parts": P, "digest": d}`` (``digest``: an order-independent digest of
+the rows' keys and values, ``sink.Spool.digest``; records written before it existed have none). The
+exactly-once sink writes it inside the same transaction as the partition's output, so the record is
+visible (under read_committed) if and only if the output is. Spark partition ``p`` writes to progress
+partition ``p % P``; with at least as many progress partitions as Spark partitions no two live
+transactional ids of one sink share a progress partition. ``parts`` records ``P``: a reader finding
+another count refuses to go on (added partitions would move keys and hide their history).
 
 Invariant: :meth:`ProgressLog.read` returns, for every key of the partition, the highest committed
-batch (and its row count) among records committed before the call started, provided any
+batch (and its row count and digest) among records committed before the call started, provided any
 transaction of the caller's own transactional id has completed (``init_transactions()`` guarantees
 that). It reads read_committed up to the high watermark taken at the start, so it waits until every
 transaction open at that moment in the partition is decided.
@@ -56,10 +58,13 @@ KEEP_FOREVER_CONFIG = {"cleanup.policy": "delete", "retention.ms": "-1", "retent
 
 @dataclass(frozen=True)
 class Committed:
-    """The newest committed batch of one sink partition; ``rows`` is -1 when unknown."""
+    """The newest committed batch of one sink partition; ``rows`` is -1 when unknown; ``digest`` is
+    the digest of its rows (``sink.Spool.digest``), None when unknown (at_most_once, or a record
+    written before progress records carried one: then only the row count can be compared)."""
 
     batch_id: int
     rows: int
+    digest: int | None = None
 
 
 @dataclass
@@ -87,13 +92,21 @@ def progress_key(sink_id: str, partition_id: int) -> str:
     return f"{sink_id}/{partition_id}"
 
 
-def progress_value(batch_id: int, rows: int, partitions: int) -> bytes:
-    return json.dumps({"batch_id": batch_id, "rows": rows, "parts": partitions}, separators=(",", ":")).encode()
+def progress_value(batch_id: int, rows: int, partitions: int, digest: int | None = None) -> bytes:
+    value: dict[str, int] = {"batch_id": batch_id, "rows": rows, "parts": partitions}
+    if digest is not None:
+        value["digest"] = digest
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _entry(c: Committed) -> list[int]:
+    return [c.batch_id, c.rows] if c.digest is None else [c.batch_id, c.rows, c.digest]
 
 
 def snapshot_value(state: PartitionState) -> bytes:
+    """``{"upto": X, "state": {key: [batch, rows] or [batch, rows, digest]}}``."""
     return json.dumps({"upto": state.position,
-                       "state": {k: [c.batch_id, c.rows] for k, c in sorted(state.latest.items())}},
+                       "state": {k: _entry(c) for k, c in sorted(state.latest.items())}},
                       separators=(",", ":")).encode()
 
 
@@ -164,10 +177,10 @@ def _parse(raw_key: bytes | None, raw_value: bytes | None) -> tuple[str, dict[st
         if not isinstance(state, dict) or not ints(upto):
             return None
         for entry in state.values():
-            if not (isinstance(entry, list) and len(entry) == 2 and ints(*entry)):
+            if not (isinstance(entry, list) and len(entry) in (2, 3) and ints(*entry)):
                 return None
         return key, value
-    if not ints(value.get("batch_id", -1), value.get("rows", -1)) or not ints(value.get("parts", 0)):
+    if not ints(value.get("batch_id", -1), value.get("rows", -1), value.get("parts", 0), value.get("digest", 0)):
         return None
     return key, value
 
@@ -323,8 +336,8 @@ class ProgressLog:
                     continue
                 key, value = parsed
                 if key == SNAPSHOT_KEY:
-                    for k, (batch, rows) in value["state"].items():
-                        state.merge(k, Committed(batch, rows))
+                    for k, entry in value["state"].items():
+                        state.merge(k, Committed(*entry))
                     if int(m.offset()) > state.snapshot_at:
                         state.snapshot_at = int(m.offset())
                         upto = value["upto"]
@@ -335,7 +348,7 @@ class ProgressLog:
                         f"progress topic {self.topic} has {self.partitions} partitions but its record at "
                         f"{part}/{m.offset()} was written with {parts}: adding partitions moves keys away from "
                         "their history; restore the partition count or give the query a new progress.topic")
-                state.merge(key, Committed(value.get("batch_id", -1), value.get("rows", -1)))
+                state.merge(key, Committed(value.get("batch_id", -1), value.get("rows", -1), value.get("digest")))
         return upto
 
     def last_committed(self, key: str, partition_id: int) -> Committed | None:

@@ -18,16 +18,22 @@ Fault injection is not an option: tests and the demo pass a :class:`SinkHooks` t
 from __future__ import annotations
 
 import itertools
+import json
 import logging
+import operator
 import os
 import pickle
+import re
 import tempfile
 import threading
 import time
 import warnings
+import zlib
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import IO, Any, cast
+from urllib.parse import urlsplit
 
 from oncelog.spark.clients import ClientPool, config_key, settle_worker
 from oncelog.spark.guarantees import (
@@ -151,6 +157,9 @@ class SinkSettings:
     #: its Python workers in turn, so the producer found is mostly one a newer task elsewhere has
     #: fenced, and finding that out costs more than it saves (docs/design/spark-sink.md, Performance)
     reuse_transactional_producers: bool = False
+    #: input topics found compacted (:func:`compacted_inputs`, on the driver): a committed batch
+    #: whose replay has fewer rows is then skipped, its records taken to be compacted away
+    compacted_inputs: tuple[str, ...] = ()
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SinkSettings:
@@ -257,6 +266,103 @@ class SinkSettings:
 #: Settings already prepared in this process (driver side), by their repr.
 _PREPARED: dict[str, SinkSettings] = {}
 _PREPARED_LOCK = threading.Lock()
+
+
+#: (bootstrap servers, topics) -> (monotonic time, the compacted ones): Spark makes a writer for
+#: every commit, in reused Python workers; the topics' configs are asked at most once a minute.
+_COMPACTED: dict[tuple[str, frozenset[str]], tuple[float, tuple[str, ...]]] = {}
+_COMPACTED_TTL_S = 60.0
+
+
+def _local_path(location: str) -> Path | None:
+    """A checkpoint location this process can read: a plain path or a ``file:`` URI (not hdfs:, s3a:, ...)."""
+    if location.startswith("file:"):
+        return Path(urlsplit(location).path)
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", location):
+        return None
+    return Path(location)
+
+
+def _topics_in(value: Any, into: set[str]) -> None:
+    """Topic names of Kafka offsets (``{topic: {partition: offset}}``, the format of this source and
+    of Spark's Kafka source) anywhere in a JSON value of Spark's offset log."""
+    if not isinstance(value, dict):
+        return
+    if value and all(isinstance(v, dict) and v and all(isinstance(p, str) and p.lstrip("-").isdigit()
+                                                         and type(o) is int for p, o in v.items())
+                     for v in value.values()):
+        into.update(str(t) for t in value)
+        return
+    for v in value.values():
+        _topics_in(v, into)
+
+
+def offset_log_topics(checkpoint: str, batch_id: int | None = None) -> set[str]:
+    """The Kafka topics named by the query's offset log entry for ``batch_id`` (default: the newest
+    entry, the batch Spark runs or replays next); empty when there is none or it cannot be read."""
+    root = _local_path(checkpoint)
+    if root is None:
+        return set()
+    offsets = root / "offsets"
+    try:
+        if batch_id is None:
+            entries = [int(f) for f in os.listdir(offsets) if f.isdigit()]
+            if not entries:
+                return set()
+            batch_id = max(entries)
+        lines = (offsets / str(batch_id)).read_text().splitlines()
+    except (OSError, ValueError):
+        return set()
+    topics: set[str] = set()
+    for line in lines[1:]:  # the first is the format version ("v1")
+        try:
+            _topics_in(json.loads(line), topics)
+        except ValueError:
+            continue
+    return topics
+
+
+def compacted_inputs(checkpoint: str | None, client: Mapping[str, Any], timeout_s: float,
+                     batch_id: int | None = None) -> tuple[str, ...]:
+    """Driver side: the query's input topics (:func:`offset_log_topics`) whose ``cleanup.policy``
+    includes ``compact``, asked of the sink's cluster; () when that cannot be established (no
+    checkpoint location among the options, one on another file system, topics on another cluster,
+    the cluster unreachable). The sink skips a committed batch's replay with fewer rows only for
+    such a query (:func:`_check_replay`)."""
+    if not checkpoint:
+        return ()
+    topics = frozenset(offset_log_topics(checkpoint, batch_id))
+    if not topics:
+        return ()
+    cache_key = (str(client.get("bootstrap.servers")), topics)
+    now = time.monotonic()
+    with _PREPARED_LOCK:
+        cached = _COMPACTED.get(cache_key)
+    if cached is not None and now - cached[0] < _COMPACTED_TTL_S:
+        return cached[1]
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    from oncelog.spark.progress import admin_config
+
+    found: list[str] = []
+    try:
+        admin = AdminClient(admin_config(dict(client)))
+        futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in sorted(topics)],
+                                         request_timeout=timeout_s)
+        for resource, future in futures.items():
+            try:
+                policy = future.result(timeout=timeout_s).get("cleanup.policy")
+            except Exception:  # a topic this cluster does not have (the input may be on another)
+                continue
+            if policy is not None and "compact" in str(policy.value or ""):
+                found.append(resource.name)
+    except Exception as exc:
+        log.info("input topics %s: cleanup.policy not known (%s)", sorted(topics), exc)
+        return ()
+    result = tuple(sorted(found))
+    with _PREPARED_LOCK:
+        _COMPACTED[cache_key] = (now, result)
+    return result
 
 
 def _replication_factor(options: Mapping[str, str]) -> int:
@@ -397,16 +503,46 @@ def _produce_arrow(producer: Any, batch: Any, default_topic: str | None) -> int:
     return n
 
 
+#: An odd 64-bit constant (2**64 / golden ratio) that spreads ``Σh`` over the digest's bits.
+_DIGEST_MULTIPLIER = 0x9E3779B97F4A7C15
+
+
+def _digest_rows(batch: Any, names: list[str]) -> list[bytes]:
+    """Each row's ``value + b"\\xff" + key`` (null as empty; strings as UTF-8, as produce sends them),
+    joined by Arrow in one pass."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def column(name: str) -> Any:
+        col = batch.column(names.index(name))
+        if str(col.type) not in _BYTES_TYPES:
+            col = pa.array([_as_bytes(v) for v in col.to_pylist()], pa.large_binary())
+        return col.cast(pa.large_binary())
+
+    key = column("key") if "key" in names else pa.scalar(b"", pa.large_binary())
+    joined = pc.binary_join_element_wise(column("value"), key, pa.scalar(b"\xff", pa.large_binary()),
+                                         null_handling="replace", null_replacement=b"")
+    return cast(list[bytes], joined.to_pylist())
+
+
 class Spool:
     """A task's input, taken in full before any transaction opens: chunks in memory up to
     ``memory_bytes``, the rest pickled to a temporary file (in Spark's local dir when known).
 
     Spooling puts the upstream computation (reading the source, transforming) outside the
     transaction, so the transaction lasts only as long as producing, and its timeout can be sized
-    from the row count; it also gives the row count a replay is checked against.
+    from the row count; it also gives the row count and the digest a replay is checked against.
 
     Arrow input (:class:`ArrowRecords`) is kept as the RecordBatches Spark handed over (counted by
-    their buffer sizes, no per-row work); rows (:data:`OutRecord`) in chunks of lists.
+    their buffer sizes); rows (:data:`OutRecord`) in chunks of lists.
+
+    :attr:`digest` is an order-independent digest of the rows' keys and values, taken in the same
+    pass: for each row ``h = crc32(value + b"\\xff" + key)`` (a null key or value counts as empty),
+    and the digest combines ``Σh`` and ``Σh²`` (mod 2**64). Sums, because a replay after a shuffle
+    may hand the rows over in another order; the squares, because CRC32 is linear, so the plain sum
+    of CRCs of rows that trade equal-length pieces can agree (``{a-1, b-2}`` and ``{a-2, b-1}`` have
+    equal XORs of CRCs). Arrow input: Arrow joins each row's value and key, and the CRCs and sums
+    run in C loops (``map``), about a third of the CPU that producing the rows takes later.
     """
 
     CHUNK_ROWS = 4096
@@ -415,6 +551,8 @@ class Spool:
         self.memory_bytes = memory_bytes
         self.rows = 0
         self.nbytes = 0
+        self._sum = 0
+        self._sum_squares = 0
         self._chunks: list[Any] = []
         self._in_memory = 0
         self._file: IO[bytes] | None = None
@@ -425,10 +563,19 @@ class Spool:
         else:
             self.extend(records)
 
+    @property
+    def digest(self) -> int:
+        """The rows' digest so far (see the class); 0 for no rows."""
+        return (self._sum * _DIGEST_MULTIPLIER + self._sum_squares) % (1 << 64)
+
     def extend(self, records: Iterable[OutRecord]) -> None:
         chunk: list[OutRecord] = []
+        crc32 = zlib.crc32
         for rec in records:
             chunk.append(rec)
+            h = crc32(b"\xff" + (rec[0] or b""), crc32(rec[1] or b""))
+            self._sum += h
+            self._sum_squares += h * h
             size = len(rec[0] or b"") + len(rec[1] or b"") + sum(len(k) + len(v) for k, v in rec[4] or ())
             self.nbytes += size
             self._in_memory += size + 64
@@ -448,6 +595,9 @@ class Spool:
             size = sum(batch.column(names.index(n)).nbytes for n in ("key", "value", "headers") if n in names)
             self.nbytes += size
             self._in_memory += batch.nbytes
+            crcs = list(map(zlib.crc32, _digest_rows(batch, names)))
+            self._sum += sum(crcs)
+            self._sum_squares += sum(map(operator.mul, crcs, crcs))
             self._add(batch)
 
     def _add(self, chunk: Any) -> None:
@@ -734,8 +884,16 @@ class _Phases:
         self._t = now
 
 
-def _check_replay(last: Committed | None, ident: TaskIdentity, rows: int, settings: SinkSettings) -> str:
-    """'' to write; 'replay' or 'higher' to skip; raises when skipping or writing would be wrong."""
+def _check_replay(last: Committed | None, ident: TaskIdentity, rows: int, settings: SinkSettings,
+                  digest: int | None = None) -> str:
+    """'' to write; 'replay' or 'higher' to skip; raises when skipping or writing would be wrong.
+
+    A replay of the committed batch is skipped when it has the rows the batch was committed with:
+    the same count and, where both are known, the same digest (a progress record written before
+    digests existed has none: its count alone is compared). A replay with fewer rows is skipped
+    only when an input topic of the query is compacted (``settings.compacted_inputs``): the cleaner
+    removed records of the batch's range since it was committed, which Spark treats as normal, and
+    the committed output stands. Anything else is not the same data, and fails the task."""
     if last is None or last.batch_id < ident.batch_id:
         return ""
     where = (f"sink {settings.sink_id(ident.query_id)} partition {ident.partition_id} "
@@ -752,13 +910,34 @@ def _check_replay(last: Committed | None, ident: TaskIdentity, rows: int, settin
         log.warning("%s: batch %d already committed; skipping batch %d (failOnHigherCommittedBatch=false)",
                     where, last.batch_id, ident.batch_id)
         return "higher"
-    if last.rows >= 0 and rows >= 0 and last.rows != rows:  # -1: unknown (at_most_once marks before it reads)
+    if last.rows < 0 or rows < 0:  # -1: unknown (at_most_once marks before it reads)
+        return "replay"
+    same_digest = last.digest is None or digest is None or last.digest == digest
+    if rows == last.rows and same_digest:
+        return "replay"
+    committed = f"{last.rows} rows" + ("" if last.digest is None else f" (digest {last.digest:016x})")
+    replay = f"{rows} rows" + ("" if digest is None else f" (digest {digest:016x})")
+    head = f"{where}: batch {ident.batch_id} was committed with {committed} but its replay has {replay}"
+    if rows < last.rows and settings.compacted_inputs:
+        log.warning("%s. The input topic(s) %s are compacted: records of the batch were compacted away since it "
+                    "was committed. Skipping the replay; the batch's committed output stands",
+                    head, ", ".join(settings.compacted_inputs))
+        return "replay"
+    if rows == last.rows:
         raise RuntimeError(
-            f"{where}: batch {ident.batch_id} was committed with {last.rows} rows but its replay has {rows}. "
-            "The replay is not the same data (a non-deterministic expression such as rand() or "
-            "current_timestamp(), failOnDataLoss=false with records removed by retention, or changed "
-            "partitioning), so neither skipping nor writing it again would be exactly once.")
-    return "replay"
+            f"{head}: as many rows, other records. The records under the batch's input offsets changed since "
+            "it was committed (the log lost acknowledged records and others were written at their offsets: "
+            "an unclean leader election, a truncated or restored log), or the query is not deterministic "
+            "(uuid(), rand() without a seed, an external lookup). Skipping would drop the records only the "
+            "replay has, and writing would repeat the others, so the sink stops here.")
+    why = ("fewer rows: records of its input are gone, and no input topic was found compacted (the sink looks "
+           "for the topics in the checkpoint's offset log, option checkpointLocation on a local file system, "
+           "and asks the sink's cluster for their cleanup.policy), so they may have been replaced by others"
+           if rows < last.rows else "more rows")
+    raise RuntimeError(
+        f"{head}: {why}. The replay is not the same data (the input changed under the batch's offsets, "
+        "failOnDataLoss=false with records removed by retention, a non-deterministic expression such as "
+        "uuid(), or changed partitioning), so neither skipping nor writing it again would be exactly once.")
 
 
 def write_partition(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIdentity, settings: SinkSettings,
@@ -829,20 +1008,21 @@ def write_partition(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIden
         if pooled is not None and pooled.timeout_ms < need_ms:
             TXN_PRODUCERS.discard(pooled)  # sized for smaller batches; a new one fences it anyway
             pooled = None
+        digest = spool.digest
         if pooled is not None and (msg := _with_pooled(pooled, key, spool.rows, send, ident, settings, hooks,
-                                                        phases)) is not None:
+                                                        phases, digest)) is not None:
             return msg
         if prep is not None:
             prep.finish(phases)
             if prep.error is None and prep.pooled.timeout_ms >= need_ms:
                 return _with_new_producers(lambda: _new_txn_producer(settings, tid, need_ms), key, spool.rows,
-                                           send, ident, settings, hooks, phases, prepared=prep)
+                                           send, ident, settings, hooks, phases, prepared=prep, digest=digest)
             TXN_PRODUCERS.discard(prep.pooled)
             if prep.error is not None and not isinstance(prep.error, _TimeoutRefused):
                 raise prep.error
         # Sized for exactly this batch (as a guess refused by the broker, or too small, would not be).
         return _with_new_producers(lambda: _new_txn_producer(settings, tid, need_ms), key, spool.rows, send,
-                                   ident, settings, hooks, phases)
+                                   ident, settings, hooks, phases, digest=digest)
 
 
 def _starting_over(pooled: PooledProducer, exc: _StaleProducer, phases: _Phases) -> None:
@@ -853,7 +1033,7 @@ def _starting_over(pooled: PooledProducer, exc: _StaleProducer, phases: _Phases)
 
 def _with_new_producers(make: Callable[[], PooledProducer], key: Hashable, rows: int, send: Callable[[Any], int],
                         ident: TaskIdentity, settings: SinkSettings, hooks: SinkHooks, phases: _Phases,
-                        prepared: _Preparation | None = None) -> SinkCommitMessage:
+                        prepared: _Preparation | None = None, digest: int | None = None) -> SinkCommitMessage:
     """The task's write with ``prepared``'s producer (made, and its progress read, beside the task's
     input) if given, else with ``make()``'s; then, while one cannot serve it (``_StaleProducer``),
     with up to STALE_RESTARTS more from ``make`` (STALE_RESTARTS in all without ``prepared``). The
@@ -865,7 +1045,7 @@ def _with_new_producers(make: Callable[[], PooledProducer], key: Hashable, rows:
         else:
             pooled, state = make(), None
         try:
-            return _write_with_progress(pooled, False, key, rows, send, ident, settings, hooks, phases, state)
+            return _write_with_progress(pooled, False, key, rows, send, ident, settings, hooks, phases, state, digest)
         except _StaleProducer as exc:
             if attempt == tries - 1:
                 raise (exc.__cause__ or exc) from None
@@ -879,12 +1059,13 @@ _SIZED_MS: dict[Hashable, int] = {}
 
 
 def _with_pooled(pooled: PooledProducer, key: Hashable, rows: int, send: Callable[[Any], int], ident: TaskIdentity,
-                 settings: SinkSettings, hooks: SinkHooks, phases: _Phases) -> SinkCommitMessage | None:
+                 settings: SinkSettings, hooks: SinkHooks, phases: _Phases,
+                 digest: int | None = None) -> SinkCommitMessage | None:
     """The task's write with a producer from the pool; None when the task must start over with a
     new one: a newer attempt had fenced it (found out before any output), or its transaction failed
     with an error a new producer may not meet and was aborted (``_restartable``)."""
     try:
-        return _write_with_progress(pooled, True, key, rows, send, ident, settings, hooks, phases)
+        return _write_with_progress(pooled, True, key, rows, send, ident, settings, hooks, phases, digest=digest)
     except _StaleProducer as exc:
         _starting_over(pooled, exc, phases)
         return None
@@ -975,9 +1156,11 @@ def _init(pooled: PooledProducer, rows: int | None, settings: SinkSettings) -> N
 
 def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashable, rows: int,
                          send: Callable[[Any], int], ident: TaskIdentity, settings: SinkSettings, hooks: SinkHooks,
-                         phases: _Phases, prepared: PartitionState | None = None) -> SinkCommitMessage:
+                         phases: _Phases, prepared: PartitionState | None = None,
+                         digest: int | None = None) -> SinkCommitMessage:
     """The protocol from init_transactions on. ``rows``: the batch's row count, as the progress record
-    states it (-1: unknown, at_most_once). ``send(producer)`` produces the output and returns how
+    states it (-1: unknown, at_most_once); ``digest``: its rows' digest (``Spool.digest``; None:
+    unknown). ``send(producer)`` produces the output and returns how
     many rows it sent: into the transaction (exactly_once) or after it (at_most_once). ``prepared``:
     init_transactions has returned and this is the progress partition as read after it
     (:class:`_Preparation`)."""
@@ -1002,7 +1185,7 @@ def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashabl
             phases.lap("progress")
         if state is not None:
             pooled.last, pooled.snapshot_at, pooled.read_due = state.latest.get(key), state.snapshot_at, False
-        reason = _check_replay(pooled.last, ident, rows, settings)
+        reason = _check_replay(pooled.last, ident, rows, settings, digest)
         if reason:
             keep = True
             msg = message(0 if reason == "higher" else max(rows, 0), reason)
@@ -1012,7 +1195,7 @@ def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashabl
         producer.begin_transaction()
         try:
             part = progress.partition_for(ident.partition_id)
-            producer.produce(progress.topic, progress_value(ident.batch_id, rows, progress.partitions),
+            producer.produce(progress.topic, progress_value(ident.batch_id, rows, progress.partitions, digest),
                              key.encode(), part, marker)
             if state is not None and progress.snapshot_due(state):
                 snapshot = progress.snapshot_record(state)
@@ -1046,7 +1229,7 @@ def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashabl
             if _restartable(exc):  # nothing of this transaction is visible: a new producer starts over
                 raise _StaleProducer(str(exc)) from exc
             raise
-        pooled.last = Committed(ident.batch_id, rows)
+        pooled.last = Committed(ident.batch_id, rows, digest)
         if snapshot_at >= 0:
             pooled.snapshot_at = max(snapshot_at, marker.offset + 1)
         pooled.read_due = marker.offset < 0 or marker.offset - pooled.snapshot_at >= SNAPSHOT_EVERY
@@ -1180,7 +1363,13 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
     hooks: SinkHooks | None = None
 
     def __init__(self, options: Mapping[str, str]) -> None:
-        self.settings = SinkSettings.from_options(options).prepare()
+        settings = SinkSettings.from_options(options).prepare()
+        if settings.guarantee is Guarantee.exactly_once:
+            # Made when the query starts (and for each commit): after a restart, the offset log's
+            # newest entry is the batch Spark replays.
+            settings = replace(settings, compacted_inputs=compacted_inputs(
+                get_option(options, "checkpointLocation"), settings.client, settings.connect_timeout_s))
+        self.settings = settings
         self.last_commit: CommitSummary | None = None
 
     def write(self, iterator: Iterator[Any]) -> SinkCommitMessage:
