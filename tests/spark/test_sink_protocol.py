@@ -714,3 +714,26 @@ def test_the_spools_digest_does_not_depend_on_the_rows_form_or_order() -> None:
     assert digest([(None, b"a-1", None, None, None), (None, b"b-2", None, None, None)]) != digest(swapped)
     assert digest([(b"k", b"v", None, None, None)]) != digest([(b"v", b"k", None, None, None)])
 
+
+def test_records_that_fail_delivery_are_named_in_the_tasks_error(tmp_path: Any) -> None:
+    """librdkafka fails the transaction with "N message(s) failed delivery (see individual delivery
+    reports)"; the sink kept no report, so the task's error named neither topic nor cause (probe
+    s37 s5a: the output topic deleted under the query). Now the transactional producer collects
+    them and the error says which topic and why, with the same KafkaError code."""
+    from confluent_kafka import KafkaException
+
+    from oncelog.testing.broker_process import oncelog_broker
+
+    with oncelog_broker(tmp_path / "data", log_path=tmp_path / "broker.log").start() as b:  # no auto-create
+        s = SinkSettings(client={"bootstrap.servers": b.bootstrap, "message.timeout.ms": 5000,
+                                 "topic.metadata.propagation.max.ms": 500},
+                         guarantee=Guarantee.exactly_once, topic=None, progress_topic="progress",
+                         progress_partitions=1, timeout_s=30)
+        s.progress().ensure_topic()
+        rows = [(None, b"x%d" % i, "gone", None, None) for i in range(5)]
+        with pytest.raises(KafkaException, match=r"5 message\(s\) failed delivery .*; delivery reports: gone: Broker: "
+                                                 r"Unknown topic or partition \(5 records\)"):
+            write_partition(rows, TaskIdentity("q-gone", 0, 0), s)
+        create_topic(b.bootstrap, "gone", 1)
+        assert write_partition(rows, TaskIdentity("q-gone", 0, 0), s).rows == 5  # nothing of the first attempt
+        assert sorted(v for _k, v in read_topic(b.bootstrap, "gone")) == [r[1] for r in rows]

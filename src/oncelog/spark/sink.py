@@ -682,6 +682,49 @@ class _Delivery:
                 self.offset = int(off)
 
 
+class _DeliveryErrors(_Delivery):
+    """A transactional producer's own delivery report callback: how many records failed, and how
+    many with each of the first :data:`KEPT` distinct (topic, partition, error). Successes cost a
+    call that returns at once."""
+
+    KEPT = 3
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = 0
+        self.kinds: dict[str, int] = {}
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        if err is None:
+            return
+        self.failed += 1
+        topic, partition = (msg.topic(), msg.partition()) if msg is not None else (None, None)
+        where = f"{topic}" + (f"-{partition}" if partition is not None and partition >= 0 else "")
+        kind = f"{where}: {err.str() if hasattr(err, 'str') else err}"
+        if kind in self.kinds or len(self.kinds) < self.KEPT:
+            self.kinds[kind] = self.kinds.get(kind, 0) + 1
+
+    def clear(self) -> None:
+        self.kinds.clear()
+        self.failed = 0
+
+    def explain(self, exc: BaseException) -> BaseException:
+        """``exc``, or when records failed delivery and ``exc`` is librdkafka's, the same error (code and
+        flags kept) naming the failures: librdkafka's "N message(s) failed delivery (see individual
+        delivery reports)" named none, and the sink kept no report."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        if not self.failed or not isinstance(exc, KafkaException) or not exc.args \
+                or not isinstance(exc.args[0], KafkaError):
+            return exc
+        err = exc.args[0]
+        kinds = [f"{kind} ({n} record{'s' if n > 1 else ''})" for kind, n in self.kinds.items()]
+        others = self.failed - sum(self.kinds.values())
+        reports = "; ".join(kinds + ([f"{others} more records"] if others else []))
+        return KafkaException(KafkaError(err.code(), f"{err.str()}; delivery reports: {reports}", fatal=err.fatal(),
+                                         retriable=err.retriable(), txn_requires_abort=err.txn_requires_abort()))
+
+
 def _produce_all(producer: Any, records: Iterable[OutRecord], default_topic: str | None) -> int:
     n = 0
     produce = producer.produce
@@ -1108,9 +1151,9 @@ class _Preparation(threading.Thread):
 def _new_txn_producer(settings: SinkSettings, tid: str, timeout_ms: int) -> PooledProducer:
     from confluent_kafka import Producer
 
-    delivery = _Delivery()
+    delivery = _DeliveryErrors()
     conf = _with_defaults(marker_config(settings.client, tid, timeout_ms))
-    return PooledProducer(Producer(conf), delivery, tid, timeout_ms)
+    return PooledProducer(Producer({**conf, "on_delivery": delivery}), delivery, tid, timeout_ms)
 
 
 def _connect_first(producer: Any, settings: SinkSettings) -> None:
@@ -1175,6 +1218,8 @@ def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashabl
         return SinkCommitMessage(ident.query_id, ident.batch_id, ident.partition_id, rows, bool(reason), g.value,
                                  tid, settings.target, reason, phases.seconds, reused)
 
+    if isinstance(pooled.delivery, _DeliveryErrors):
+        pooled.delivery.clear()
     try:
         state = prepared
         if not reused and prepared is None:
@@ -1226,8 +1271,11 @@ def _write_with_progress(pooled: PooledProducer, reused: bool, pool_key: Hashabl
                 producer.abort_transaction(10)
             except Exception:  # fenced or broker gone: the coordinator aborts it (fencing/timeout)
                 pass
+            explained = pooled.delivery.explain(exc) if isinstance(pooled.delivery, _DeliveryErrors) else exc
             if _restartable(exc):  # nothing of this transaction is visible: a new producer starts over
-                raise _StaleProducer(str(exc)) from exc
+                raise _StaleProducer(str(explained)) from explained
+            if explained is not exc:
+                raise explained from exc
             raise
         pooled.last = Committed(ident.batch_id, rows, digest)
         if snapshot_at >= 0:
