@@ -268,3 +268,37 @@ def test_one_target_written_twice_in_a_batch_is_warned_about(tmp_path: Path,
     assert caplog.text == ""
     assert database_sink(url, "events", "q-b").apply([{"topic": "B", "partition": 0, "offset": 0}], 0), \
         "a query id of its own per write: both are applied"
+
+
+def test_a_recreated_topics_records_do_not_overwrite_rows_keyed_by_coordinates(db_url: str) -> None:
+    """Rows keyed by Kafka coordinates (the default) were upserted, so a topic deleted and created
+    again (its offsets start over) replaced the old topic's rows with its own: 300 + 100 records,
+    300 rows (probe s37 s2c). They are now inserted and never overwritten: the same record written
+    again passes (another query re-reading the topic, a copy in one batch), and other values under
+    stored coordinates fail the batch, naming them, with nothing of it applied. A user key is
+    still upserted."""
+    def record(offset: int, tag: str, partition: int | None = 0) -> dict[str, Any]:
+        return {"topic": "A", "partition": partition, "offset": offset, "value": f"{tag}-{offset}".encode(),
+                "text": tag, "ratio": offset / 2, "ok": offset % 2 == 0}
+
+    sink = database_sink(db_url, "events", "q")
+    for b in range(3):
+        assert sink.apply([record(o, "old") for o in range(100 * b, 100 * (b + 1))], b)
+    with pytest.raises(RuntimeError, match=r"batch 3 writes the record at \{'topic': 'A', 'partition': 0, 'offset': "
+                                           r"0\} with other values .*'text': 'old'.* stored, .*'text': 'new'"):
+        sink.apply([record(o, "new") for o in range(100)], 3)
+    assert query(db_url, "SELECT COUNT(*), MIN(text), MAX(text) FROM events") == [(300, "old", "old")]
+    assert query(db_url, "SELECT MAX(batch_id) FROM oncelog_sink_batches WHERE query_id = 'q'") == [(2,)]
+    again = database_sink(db_url, "events", "q-reread")
+    assert again.apply([record(o, "old") for o in range(100)] + [record(0, "old")], 0), "the same records again"
+    assert sink.apply([record(300, "old"), record(300, "old")], 3), "a copy of a record in one batch"
+    with pytest.raises(RuntimeError, match="other values"):
+        sink.apply([record(301, "old"), record(301, "new")], 4)
+    assert sink.apply([record(7, "old", partition=None)], 4)
+    with pytest.raises(RuntimeError, match="other values"):
+        sink.apply([record(7, "new", partition=None)], 5)
+    assert query(db_url, "SELECT COUNT(*), MIN(text), MAX(text) FROM events") == [(302, "old", "old")]
+    totals = database_sink(db_url, "totals", "q", key_columns=["topic", "partition"])
+    assert totals.apply([{"topic": "A", "partition": 0, "total": 1}], 0)
+    assert totals.apply([{"topic": "A", "partition": 0, "total": 2}], 1)
+    assert query(db_url, "SELECT total FROM totals") == [(2,)]

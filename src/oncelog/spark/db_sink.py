@@ -2,9 +2,13 @@
 
 Invariants, for SQLite and PostgreSQL alike:
 
-- Rows are upserted by ``key_columns`` (default: Kafka's coordinates topic, partition, offset, so the
-  same input record written twice is one row; or a user key such as an account, so the latest
-  running total wins).
+- Rows are keyed by ``key_columns``: by default Kafka's coordinates (topic, partition, offset), so
+  the same input record written twice is one row; or a user key such as an account, so the latest
+  running total wins. Rows with a user key are upserted. Rows keyed by coordinates are inserted and
+  never overwritten: a row already stored under a record's coordinates must hold the same values
+  (a record written again), and one that differs fails the batch. Other values under the same
+  coordinates are another record: the topic was deleted and created again, its offsets starting
+  over, or its log lost its tail and was refilled; overwriting replaced the old topic's rows.
 - Table ``oncelog_sink_batches(target, query_id, batch_id, rows)`` records each applied micro-batch
   of each sink — ``target`` is the sink's table, so one query may write each batch to several
   tables under one query id — **in the same database transaction** as its rows. A replayed batch
@@ -118,6 +122,22 @@ class UpsertSink:
             return True
         return False
 
+    def keyed_by_coordinates(self) -> bool:
+        """Whether rows are keyed by Kafka's coordinates: then inserted, never overwritten."""
+        return tuple(self.key_columns) == KAFKA_COORDINATES
+
+    def _differing(self, cols: list[str], row: dict[str, Any], stored: Sequence[Any], batch_id: int) -> Exception:
+        non_keys = [c for c in cols if c not in self.key_columns]
+        key = {k: row.get(k) for k in self.key_columns}
+        return RuntimeError(
+            f"database sink {self.table!r}: batch {batch_id} writes the record at {key} with other values than "
+            f"the row stored under those coordinates ({_shown(dict(zip(non_keys, stored, strict=True)))} stored, "
+            f"{_shown({c: row.get(c) for c in non_keys})} now). Rows keyed by Kafka coordinates (topic, "
+            "partition, offset) are never overwritten: other values at the same coordinates are another record "
+            "(the topic was deleted and created again and its offsets started over, or its log lost records "
+            "and was refilled), and overwriting would replace the one stored. Key the table by columns that "
+            "identify a record for good (key_columns), or move the stored rows away, and run the batch again")
+
     def _columns(self, rows: list[dict[str, Any]]) -> list[str]:
         cols = list(rows[0])
         missing = [k for k in self.key_columns if k not in cols]
@@ -179,11 +199,14 @@ class SqliteUpsertSink(UpsertSink):
                 conn.execute(f'CREATE TABLE IF NOT EXISTS "{self.table}" ({", ".join(q)})')
                 self._create_key_index(conn, key)
                 updates = ", ".join(f'"{c}" = excluded."{c}"' for c in cols if c not in self.key_columns)
-                conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
-                conn.executemany(
+                insert_only = self.keyed_by_coordinates() or not updates
+                conflict = "DO NOTHING" if insert_only else f"DO UPDATE SET {updates}"
+                cur = conn.executemany(
                     f'INSERT INTO "{self.table}" ({", ".join(q)}) VALUES ({", ".join("?" for _ in cols)}) '
                     f"ON CONFLICT ({key}) {conflict}",
                     [tuple(_plain_value(r.get(c)) for c in cols) for r in rows])
+                if self.keyed_by_coordinates() and cur.rowcount < len(rows):
+                    self._check_stored(conn, cols, rows, batch_id)
             conn.execute(f"INSERT INTO {MARKERS} VALUES (?, ?, ?, ?)", (self.table, self.query_id, batch_id, len(rows)))
             conn.execute(f"DELETE FROM {MARKERS} WHERE target = ? AND query_id = ? AND batch_id <= ?",
                          (self.table, self.query_id, batch_id - self.retain_batches))
@@ -199,6 +222,26 @@ class SqliteUpsertSink(UpsertSink):
 
     def _key_expressions(self) -> str:
         return ", ".join(f'("{c}" IS NULL), IFNULL("{c}", 0)' for c in self.key_columns)
+
+    def _check_stored(self, conn: sqlite3.Connection, cols: list[str], rows: list[dict[str, Any]],
+                      batch_id: int) -> None:
+        """Some rows met a stored row with their coordinates (the insert skipped them): each must have
+        met its own values. Rows inserted just now match themselves; a later copy of a record in the
+        same batch meets the first. Looked up through the key index's expressions."""
+        non_keys = [c for c in cols if c not in self.key_columns]
+        if not non_keys:
+            return
+        match = " AND ".join(f'("{c}" IS NULL) = (? IS NULL) AND IFNULL("{c}", 0) = IFNULL(?, 0)'
+                             for c in self.key_columns)
+        differs = " OR ".join(f'NOT ("{c}" IS ?)' for c in non_keys)
+        selected = ", ".join(f'"{c}"' for c in non_keys)
+        stmt = f'SELECT {selected} FROM "{self.table}" WHERE {match} AND ({differs}) LIMIT 1'
+        for r in rows:
+            keys = [_plain_value(r.get(c)) for c in self.key_columns]
+            stored = conn.execute(stmt, [v for k in keys for v in (k, k)] +
+                                  [_plain_value(r.get(c)) for c in non_keys]).fetchone()
+            if stored is not None:
+                raise self._differing(cols, r, stored, batch_id)
 
     def _create_key_index(self, conn: sqlite3.Connection, key: str) -> None:
         try:
@@ -299,7 +342,7 @@ class PostgresUpsertSink(UpsertSink):
                 self._check_null_keys(conn, rows)
                 non_keys = [c for c in cols if c not in self.key_columns]
                 conflict: sql.Composable
-                if non_keys:
+                if non_keys and not self.keyed_by_coordinates():
                     conflict = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
                         sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in non_keys))
                 else:
@@ -310,9 +353,12 @@ class PostgresUpsertSink(UpsertSink):
                 try:
                     with conn.cursor() as c:
                         c.executemany(stmt, [tuple(_plain_value(r.get(col)) for col in cols) for r in rows])
+                        inserted = c.rowcount
                 except psycopg.DataError as e:
                     self._explain_nul(rows, cols, e)
                     raise
+                if self.keyed_by_coordinates() and inserted < len(rows):
+                    self._check_stored(conn, cols, rows, batch_id)
             if can_prune:
                 conn.execute(sql.SQL("DELETE FROM {} WHERE target = %s AND query_id = %s AND batch_id <= %s").format(
                     markers), (self.table, self.query_id, batch_id - self.retain_batches))
@@ -323,6 +369,37 @@ class PostgresUpsertSink(UpsertSink):
             conn.commit()
             self._last_applied = batch_id
             return True
+
+    def _check_stored(self, conn: Any, cols: list[str], rows: list[dict[str, Any]], batch_id: int) -> None:
+        """Some rows met a stored row with their coordinates (the insert skipped them): each must have
+        met its own values. Rows inserted just now match themselves; a later copy of a record in the
+        same batch meets the first. One statement a row, pipelined; the key's unique index finds the
+        stored row (``IS NOT DISTINCT FROM``, which no index serves, only for a NULL coordinate)."""
+        from psycopg import sql
+
+        non_keys = [c for c in cols if c not in self.key_columns]
+        if not non_keys:
+            return
+
+        def statement(op: str) -> Any:
+            return sql.SQL("SELECT {} FROM {} WHERE {} AND ({})").format(
+                sql.SQL(", ").join(sql.Identifier(c) for c in non_keys), _pg_ident(self.table),
+                sql.SQL(" AND ").join(sql.SQL("{} " + op + " %s").format(sql.Identifier(c)) for c in self.key_columns),
+                sql.SQL(" OR ").join(sql.SQL("{} IS DISTINCT FROM %s").format(sql.Identifier(c)) for c in non_keys))
+
+        some_null = [any(r.get(k) is None for k in self.key_columns) for r in rows]
+        for op, group in (("=", [r for r, null in zip(rows, some_null, strict=True) if not null]),
+                          ("IS NOT DISTINCT FROM", [r for r, null in zip(rows, some_null, strict=True) if null])):
+            if not group:
+                continue
+            with conn.cursor() as c:
+                c.executemany(statement(op), [tuple(_plain_value(r.get(col)) for col in [*self.key_columns, *non_keys])
+                                              for r in group], returning=True)
+                for r in group:
+                    stored = c.fetchone()
+                    if stored is not None:
+                        raise self._differing(cols, r, stored, batch_id)
+                    c.nextset()
 
     def _create_tables(self, conn: Any, rows: list[dict[str, Any]], cols: list[str]) -> bool:
         """Creates the markers table and (for a batch with rows) the target table when the catalog
@@ -409,6 +486,11 @@ def _pg_ident(name: str) -> Any:
 def _pg_regclass_name(name: str) -> str:
     """``name`` (``table`` or ``schema.table``, plain identifiers) as ``to_regclass`` text, quoted."""
     return ".".join(f'"{part}"' for part in name.split("."))
+
+
+def _shown(values: dict[str, Any]) -> str:
+    text = repr(values)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _plain_value(v: Any) -> Any:
