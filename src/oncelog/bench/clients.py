@@ -14,6 +14,14 @@ rate (``rate``, paced in 1 ms steps) with ``linger.ms=0`` and record each record
 latency as librdkafka measures it (``Message.latency()``: from ``produce()`` to the delivery report),
 or, for a consumer, produce-to-consume latency from a monotonic timestamp in the value's first
 8 bytes. Samples from the first ``warmup_s`` seconds are dropped.
+
+A produce-to-consume run has no sample it cannot account for: every value also carries the record's
+id (its producer and sequence number), each producer counts per partition the records acknowledged
+after the warm-up (``Result.acked_after_warmup``), and once every producer process has answered, the
+pool tells each consumer how many of those it must see (an ``("expect", n)`` message). A consumer
+listens until it has seen that many distinct records or for ``LATE_S`` more seconds; the records it
+did not see are reported (``Result.seen`` against the expectation) instead of silently missing from
+the percentiles, where they would have been the slowest ones.
 """
 
 from __future__ import annotations
@@ -27,11 +35,16 @@ import threading
 import time
 import traceback
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-STAMP = struct.Struct(">q")  # monotonic_ns at produce(), at the start of every value
+STAMP = struct.Struct(">qQ")  # monotonic_ns at produce() and the record's id, at the start of every value
+#: A produce-to-consume run's consumers wait this long, after the producers have all answered, for
+#: the acknowledged records they have not seen yet.
+LATE_S = 30.0
+#: Longest a produce-to-consume consumer listens when no expectation ever arrives (its pool died).
+NO_EXPECTATION_S = 300.0
 _TIMED_OUT = -192  # librdkafka's _MSG_TIMED_OUT
 
 
@@ -62,6 +75,7 @@ class Job:
     latency: bool = False  # consume: measure produce-to-consume latency from the live end of the log
     stats: bool = False  # producer: collect librdkafka's statistics (batch sizes)
     tag: str = ""  # makes transactional ids unique per run
+    client: int = 0  # this process's place in its run (ClientPool.run sets it): part of the records' ids
 
     def producer_conf(self, index: int) -> dict[str, Any]:
         conf: dict[str, Any] = {
@@ -98,6 +112,10 @@ class Result:
     timed_out: int = 0  # throughput runs: records not acknowledged within message.timeout.ms (overload)
     latencies_ms: list[float] = field(default_factory=list)
     sent_per_s: float = 0.0  # latency jobs: the rate actually offered
+    # fixed-rate producers: records acknowledged whose stamp is past the warm-up, per partition
+    acked_after_warmup: dict[int, int] = field(default_factory=dict)
+    seen: int = 0  # produce-to-consume consumers: distinct records past the warm-up seen
+    expected: int = 0  # produce-to-consume consumers: acked_after_warmup of their partitions, summed
     batches: int = 0  # librdkafka statistics: produce batches and the records and bytes in them
     batch_records: int = 0
     batch_bytes: int = 0
@@ -112,6 +130,12 @@ def _value(size: int) -> bytes:
     return bytes(max(size, STAMP.size))
 
 
+def record_id(client: int, producer: int, seq: int) -> int:
+    """The id stamped into a fixed-rate record: unique within a run (client process, producer thread
+    of that process, the producer's sequence number)."""
+    return (client << 48) | (producer << 32) | seq
+
+
 class _ProducerThread:
     """One producer: prepared (connected, transactions initialised) before the run starts."""
 
@@ -124,6 +148,7 @@ class _ProducerThread:
         self.errors = 0
         self.first_error = ""
         self.samples = array("d")
+        self.acked_after_warmup: dict[int, int] = {}
         self.sent = 0
         self.batches = self.batch_records = self.batch_bytes = 0
         conf = job.producer_conf(index)
@@ -133,7 +158,7 @@ class _ProducerThread:
         self.producer.list_topics(job.topic, timeout=30)
         if job.mode == "transactional":
             self.producer.init_transactions(60)
-        self.warm_until = 0.0
+        self.warm_ns = 0
 
     def _on_stats(self, text: str) -> None:
         t = json.loads(text).get("topics", {}).get(self.job.topic)
@@ -153,8 +178,13 @@ class _ProducerThread:
             return
         self.acked += 1
         if self.job.rate:
+            # the same test as the consumers' (the stamp), so that their counts compare
+            if STAMP.unpack_from(msg.value())[0] < self.warm_ns:
+                return
+            part = int(msg.partition())
+            self.acked_after_warmup[part] = self.acked_after_warmup.get(part, 0) + 1
             latency = msg.latency()
-            if latency is not None and time.monotonic() - latency >= self.warm_until:
+            if latency is not None:
                 self.samples.append(latency * 1000.0)
 
     def run(self, start: float) -> None:
@@ -167,7 +197,7 @@ class _ProducerThread:
     def _run(self, start: float) -> None:
         job, p = self.job, self.producer
         end = start + job.duration_s
-        self.warm_until = start + job.warmup_s
+        self.warm_ns = int((start + job.warmup_s) * 1e9)
         parts = job.partitions
         n = len(parts)
         value = bytearray(_value(job.size))
@@ -181,6 +211,7 @@ class _ProducerThread:
         produce, poll, now = p.produce, p.poll, time.monotonic
         cb = self._on_delivery
         spread = job.partitioner == "round_robin"
+        first_id = record_id(job.client, self.index, 0)
         while True:
             t = now()
             if t >= end:
@@ -194,7 +225,7 @@ class _ProducerThread:
             else:
                 burst = 256
             for _ in range(burst):
-                STAMP.pack_into(value, 0, time.monotonic_ns())
+                STAMP.pack_into(value, 0, time.monotonic_ns(), first_id + i)
                 try:
                     if spread:
                         produce(job.topic, bytes(value), partition=parts[i % n], on_delivery=cb)
@@ -237,17 +268,30 @@ class _ConsumerRun:
         else:
             self.assignment = [TopicPartition(job.topic, p, OFFSET_BEGINNING) for p in job.partitions]
 
-    def run(self, start: float, result: Result) -> None:
+    def run(self, start: float, result: Result, expectation: Any = None) -> None:
+        """Read until the end of the partitions (throughput), or (latency) until ``expectation`` (a
+        connection, polled now and then) has said how many distinct records past the warm-up this
+        consumer must see and it has seen them, or ``LATE_S`` after it said."""
         job, c = self.job, self.consumer
         if not job.latency:
             c.assign(self.assignment)
         eof: set[int] = set()
         samples = array("d")
+        ids: set[int] = set()
         warm_ns = int((start + job.warmup_s) * 1e9)
-        # latency: listen a little past the producers' end, for the last records' trip
-        stop = start + (job.duration_s + min(max(job.duration_s, 0.5), 2.0) if job.latency else 300.0)
+        stop = start + (job.duration_s + NO_EXPECTATION_S if job.latency else 300.0)
+        expected: int | None = None
+        check_at = start + job.duration_s  # no expectation can come before the producers' window ends
         records = nbytes = 0
-        while time.monotonic() < stop:
+        while True:
+            now = time.monotonic()
+            if now >= stop or (expected is not None and len(ids) >= expected):
+                break
+            if job.latency and now >= check_at and expected is None:
+                check_at = now + 0.05
+                if expectation is not None and expectation.poll(0):
+                    expected = int(expectation.recv()[1])
+                    stop = min(stop, now + LATE_S)
             # consume(n, timeout) waits for n records or the timeout: a latency run takes each record
             # as soon as it is there
             for m in ([c.poll(0.05)] if job.latency else c.consume(10_000, 0.1)):
@@ -262,14 +306,16 @@ class _ConsumerRun:
                 records += 1
                 nbytes += len(value)
                 if job.latency and len(value) >= STAMP.size:
-                    sent_ns = STAMP.unpack_from(value)[0]
-                    if sent_ns >= warm_ns:
+                    sent_ns, rid = STAMP.unpack_from(value)
+                    if sent_ns >= warm_ns and rid not in ids:  # a duplicate is not a second sample
+                        ids.add(rid)
                         samples.append((time.monotonic_ns() - sent_ns) / 1e6)
             if not job.latency and len(eof) >= len(job.partitions):
                 break
         result.end = time.monotonic()
         result.records, result.bytes = records, nbytes
         result.latencies_ms = samples.tolist()
+        result.seen, result.expected = len(ids), expected or 0
         if not job.latency and len(eof) < len(job.partitions):
             result.errors = 1
             result.first_error = f"did not reach the end of {len(job.partitions) - len(eof)} partitions"
@@ -319,6 +365,8 @@ def _worker(conn: Any, priority: str = "normal") -> None:
         try:
             if msg[0] == "quit":
                 return
+            if msg[0] == "expect":  # for a consumer that had stopped listening already
+                continue
             if msg[0] == "drop":
                 prepared = None
                 conn.send(("dropped", None))
@@ -338,7 +386,7 @@ def _worker(conn: Any, priority: str = "normal") -> None:
                 cpu0 = _cpu()
                 result = Result(start=start)
                 if isinstance(prepared, _ConsumerRun):
-                    prepared.run(start, result)
+                    prepared.run(start, result, conn)
                 else:
                     threads = [threading.Thread(target=pt.run, args=(start,)) for pt in prepared]
                     for th in threads:
@@ -352,6 +400,8 @@ def _worker(conn: Any, priority: str = "normal") -> None:
                         result.timed_out += pt.timed_out
                         result.first_error = result.first_error or pt.first_error
                         result.latencies_ms.extend(pt.samples)
+                        for part, n in pt.acked_after_warmup.items():
+                            result.acked_after_warmup[part] = result.acked_after_warmup.get(part, 0) + n
                         result.batches += pt.batches
                         result.batch_records += pt.batch_records
                         result.batch_bytes += pt.batch_bytes
@@ -364,6 +414,13 @@ def _worker(conn: Any, priority: str = "normal") -> None:
         except Exception as exc:  # reported to the parent, which fails the row
             prepared = None
             conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
+
+
+def expected_by(consumer: Job, jobs: list[Job], answers: dict[int, Result]) -> int:
+    """Records past the warm-up that the producers of ``consumer``'s topic had acknowledged on its
+    partitions: what a produce-to-consume consumer must see."""
+    return sum(answers[i].acked_after_warmup.get(p, 0) for i, j in enumerate(jobs)
+               if j.kind == "produce" and j.topic == consumer.topic and i in answers for p in consumer.partitions)
 
 
 @dataclass
@@ -416,7 +473,7 @@ class ClientPool:
         if len(jobs) > self.size:
             raise BenchError(f"{len(jobs)} client processes needed, the pool has {self.size}")
         for i, job in enumerate(jobs):
-            self.conns[i].send(("prepare", job))
+            self.conns[i].send(("prepare", replace(job, client=i)))
         failure: BenchError | None = None
         for i in range(len(jobs)):
             try:
@@ -439,9 +496,27 @@ class ClientPool:
             time.sleep(max(start - time.monotonic(), 0))
             on_start()
         longest = max(j.duration_s for j in jobs)
-        results = []
+        # the producers (and throughput consumers) first; then each produce-to-consume consumer is
+        # told how many records past the warm-up were acknowledged on its partitions
+        listeners = [i for i, j in enumerate(jobs) if j.kind == "consume" and j.latency]
+        answers: dict[int, Result] = {}
+        failure = None
         for i in range(len(jobs)):
-            results.append(self._answer(i, longest + 400))
+            if i not in listeners:
+                try:
+                    answers[i] = self._answer(i, longest + 400)
+                except BenchError as exc:  # the consumers must still be told to stop
+                    failure = failure or exc
+        for i in listeners:
+            self.conns[i].send(("expect", 0 if failure else expected_by(jobs[i], jobs, answers)))
+        for i in listeners:
+            try:
+                answers[i] = self._answer(i, LATE_S + 400)
+            except BenchError as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        results = [answers[i] for i in range(len(jobs))]
         bad = [r for r in results if r.errors]
         if bad:
             raise BenchError(f"{sum(r.errors for r in bad)} client errors, first: {bad[0].first_error}")

@@ -265,9 +265,14 @@ class Bench:
         """Records at a fixed total ``rate``; acknowledgement latency, or produce-to-consume latency
         when ``consume`` names an isolation level (consumers in their own processes).
 
-        A run that yields no sample at all (on a loaded machine a short run's consumers can miss every
-        record of the window: seen once in --quick, on the Tansu broker's read_committed row) is run
-        once more; ``runs`` says how many it took."""
+        Every record acknowledged past the warm-up is a sample: ``expected`` of them, ``seen`` with a
+        latency. A produce-to-consume run's consumers listen until they have seen each one (or
+        ``clients.LATE_S`` after the producers answered); the ``unseen`` ones enter the percentiles
+        as the worst case (``unseen_ms``: the slowest latency seen, or the time from the end of the
+        schedule to the consumers' giving up, whichever is larger), so that a stall cannot lower
+        the p99 by keeping its records out of the samples.
+
+        A run that yields no sample at all is run once more; ``runs`` says how many it took."""
         jobs = self._producers(broker, topic, partitions, mode=mode, processes=processes, per_process=per_process,
                                size=size, rate=rate, partitioner=partitioner)
         consumers = min(self.plan.processes, partitions) if consume else 0
@@ -284,9 +289,19 @@ class Bench:
                 break
         cpu = CpuUse.between(a, b, [r.cpu_s for r in run.results])
         acked = sum(r.records for r in producers)
+        expected = sum(n for r in producers for n in r.acked_after_warmup.values())
+        seen = len(samples)
+        unseen = max(expected - seen, 0)
+        worst: dict[str, Any] = {}
+        if unseen:
+            gave_up_after = max((r.end - run.start - self.plan.latency_s for r in readers), default=0.0)
+            worst_ms = max(max(samples, default=0.0), gave_up_after * 1000.0)
+            samples += [worst_ms] * unseen
+            worst["unseen_ms"] = round(worst_ms, 3)
         return {"rate": round(rate, 1), "offered_per_s": round(sum(r.sent_per_s for r in producers), 1),
                 "acked_per_s": round(acked / self.plan.latency_s, 1), "kind": "produce-to-consume" if consume
-                else "acknowledgement", **_quantiles(samples), "cpu": asdict(cpu), "runs": runs}
+                else "acknowledgement", "expected": expected, "seen": seen, "unseen": unseen, **worst,
+                **_quantiles(samples), "cpu": asdict(cpu), "runs": runs}
 
     # --- the workload rows --------------------------------------------------------------------------
 
