@@ -10,6 +10,10 @@ after every step:
 - a replaced static member id is fenced: every request it sends fails, with FENCED_INSTANCE_ID while
   its instance id is in the group, and changes nothing (no membership change, no record);
 - an OffsetCommit is accepted only from a member of the current generation, never from a zombie;
+- pending sync (Kafka's expirePendingSync): once a generation's rebalance timeout has passed since its
+  join phase completed, the group is no longer in that generation's CompletingRebalance or Stable
+  unless every member the leader was given has sent SyncGroup of it (processes stuck between
+  JoinGroup and SyncGroup while heartbeating are a rule of their own); a restart forgets the debt;
 - the generation only grows while the coordinator runs, and the logged generation never goes back
   (a restart reloads the last logged one);
 - the group's own invariants: the leader is a member, the static map points at members carrying that
@@ -76,6 +80,10 @@ class MembershipModel(RuleBasedStateMachine):
         self.max_logged_generation = 0
         self.scanned = 0  # log entries checked by generation_only_grows
         self.n = 0
+        # generation -> (monotonic time its join phase completed, the members its leader was given),
+        # from the leader's JoinGroup answer; and the (generation, member id) SyncGroups sent
+        self.generations: dict[int, tuple[int, frozenset[str]]] = {}
+        self.synced: set[tuple[int, str]] = set()
 
     # --- helpers ------------------------------------------------------------------------------------
     @property
@@ -100,6 +108,9 @@ class MembershipModel(RuleBasedStateMachine):
                     p.member_id, p.generation = r.member_id, r.generation_id
                     p.leader_members = [m for m, _i, _md in r.members] if r.leader == r.member_id else None
                     p.owned = None
+                    if p.leader_members:
+                        self.generations.setdefault(
+                            r.generation_id, (self.h.clock.monotonic_ms(), frozenset(p.leader_members)))
                 else:
                     self._on_error(p, r.error)
             if p.sync_box is not None and p.sync_box.value is not None:
@@ -175,6 +186,7 @@ class MembershipModel(RuleBasedStateMachine):
                 if not p.member_id:
                     p.join_box = self.h.join(instance=p.instance, session=SESSION_MS, rebalance=REBALANCE_MS)
                 elif p.generation >= 0 and p.owned is None:
+                    self.synced.add((p.generation, p.member_id))
                     p.sync_box = self.h.sync(p.member_id, p.generation, self._assignments(p), instance=p.instance)
                 else:
                     code = self.h.heartbeat(p.member_id, p.generation, p.instance)
@@ -199,6 +211,7 @@ class MembershipModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def sync(self, data: st.DataObject) -> None:
         p = data.draw(st.sampled_from([p for p in self._idle_with_id() if p.generation >= 0]))
+        self.synced.add((p.generation, p.member_id))
         p.sync_box = self.h.sync(p.member_id, p.generation, self._assignments(p), instance=p.instance)
         self._settle()
 
@@ -270,9 +283,23 @@ class MembershipModel(RuleBasedStateMachine):
         self.h.tick()
         self._settle()
 
+    @rule(rounds=st.integers(1, 4))
+    def stuck_between_join_and_sync(self, rounds: int) -> None:
+        """``rounds`` times, every process with a member id heartbeats and none syncs or rejoins (a
+        client stuck in its assignor, say), then 5 s pass: 4 rounds outlast the rebalance timeout
+        with no session expiring."""
+        for _ in range(rounds):
+            for p in self._idle_with_id():
+                code = self.h.heartbeat(p.member_id, p.generation, p.instance)
+                if code != E.none:
+                    self._on_error(p, code)
+            self.time_passes(5_000)
+
     @rule()
     def coordinator_restart(self) -> None:
-        """kill -9 and reload from the log: parked requests are lost (their connections closed)."""
+        """kill -9 and reload from the log: parked requests are lost (their connections closed), and
+        the loaded generation owes no SyncGroup."""
+        self.generations.clear()
         for p in self.procs:
             p.join_box = p.sync_box = None
         self.h.restart()
@@ -305,6 +332,17 @@ class MembershipModel(RuleBasedStateMachine):
                 self.max_logged_generation = generation
 
     @invariant()
+    def no_sync_owed_past_the_rebalance_timeout(self) -> None:
+        g = self.group
+        if g is None or g.state not in (GroupState.COMPLETING_REBALANCE, GroupState.STABLE):
+            return
+        completed, members = self.generations.get(g.generation_id, (None, frozenset()))
+        if completed is None or self.h.clock.monotonic_ms() < completed + REBALANCE_MS:
+            return
+        owing = {m for m in members if (g.generation_id, m) not in self.synced}
+        assert not owing, f"generation {g.generation_id} still {g.state.value} with {owing} owing a SyncGroup"
+
+    @invariant()
     def group_structure(self) -> None:
         g = self.group
         if g is None:
@@ -316,6 +354,10 @@ class MembershipModel(RuleBasedStateMachine):
         for instance, mid in g.static_members.items():
             assert mid in g.members and g.members[mid].group_instance_id == instance
         assert not set(g.members) & set(g.pending_members)
+        if g.pending_sync_members:  # owed only in CompletingRebalance and Stable, by the generation's members
+            assert g.state in (GroupState.COMPLETING_REBALANCE, GroupState.STABLE)
+            _completed, members = self.generations.get(g.generation_id, (0, g.pending_sync_members))
+            assert g.pending_sync_members <= members
         assert not set(g.members) & set(self.fenced), "a fenced member id is back in the group"
         for p in self.procs:
             for box in p.answered + [b for b in (p.join_box, p.sync_box) if b is not None]:

@@ -38,6 +38,7 @@ def _image(log: GroupLog) -> Any:
     for gid, g in sorted(log.gc.membership.groups.items()):
         out[gid] = (g.state, g.generation_id, g.leader_id, g.protocol_name, dict(g.pending_members),
                     g.initial_delay_until_ms if g.members else None, g.rebalance_deadline_ms,
+                    sorted(g.pending_sync_members), g.pending_sync_deadline_ms if g.pending_sync_members else None,
                     {mid: (m.last_heartbeat_ms, m.session_timeout_ms, m.awaiting_join is None,
                            m.awaiting_sync is None, m.assignment) for mid, m in g.members.items()})
     return out
@@ -81,8 +82,8 @@ class TimerModel(RuleBasedStateMachine):
                 self.join_new(group, None, False, session, rebalance)
         self.clock.advance(300)
         for group in GROUPS:
-            self.members_settle(group)
-            self.members_settle(group)
+            self.members_settle(group, True)
+            self.members_settle(group, True)
 
     @rule(group=st.sampled_from(GROUPS), instance=st.sampled_from(INSTANCES), require_known=st.booleans(),
           session=st.sampled_from([6_000, 10_000]), rebalance=st.sampled_from([6_000, 30_000]))
@@ -109,11 +110,12 @@ class TimerModel(RuleBasedStateMachine):
             given = [(m, m.encode()) for m in sorted(self.ref.gc.membership.groups[gid].members)]
             self._both(lambda log, box: log.gc.sync_group(gid, gen, mid, None, given, box))
 
-    @rule(group=st.sampled_from(GROUPS))
-    def members_settle(self, group: str) -> None:
-        """What live clients do between polls: every member rejoins a rebalance under way, then every
-        member of a completed join sends SyncGroup (the leader with an assignment), with ticks between.
-        Gets groups to Stable often enough for the rarer paths (a leave or an expiry out of Stable)."""
+    @rule(group=st.sampled_from(GROUPS), sync=st.booleans())
+    def members_settle(self, group: str, sync: bool) -> None:
+        """What live clients do between polls: every member rejoins a rebalance under way, then (if
+        ``sync``) every member of a completed join sends SyncGroup (the leader with an assignment),
+        with ticks between. Gets groups to Stable often enough for the rarer paths (a leave or an
+        expiry out of Stable); without ``sync``, to the pending-sync deadline."""
         g = self.ref.gc.membership.groups.get(group)
         if g is None:
             return
@@ -123,7 +125,7 @@ class TimerModel(RuleBasedStateMachine):
                     group, mid, m.group_instance_id, "c", "/h", m.session_timeout_ms, m.rebalance_timeout_ms,
                     "consumer", RANGE, False, box))
         self.tick()
-        if g.state.name == "COMPLETING_REBALANCE":
+        if sync and g.state.name == "COMPLETING_REBALANCE":
             given = [(m, m.encode()) for m in sorted(g.members)]
             for mid in sorted(g.members, key=lambda mid: mid != g.leader_id):
                 self._both(lambda log, box, mid=mid, gen=g.generation_id: log.gc.sync_group(
@@ -162,6 +164,8 @@ class TimerModel(RuleBasedStateMachine):
                       if m.awaiting_join is None and m.awaiting_sync is None]
             if g.state.name == "PREPARING_REBALANCE":
                 ahead += [g.initial_delay_until_ms, g.rebalance_deadline_ms]
+            if g.state.name in ("COMPLETING_REBALANCE", "STABLE") and g.pending_sync_members:
+                ahead.append(g.pending_sync_deadline_ms)
         ahead = [t for t in ahead if t > now]
         if ahead:
             self.clock.set(min(ahead) + late)

@@ -6,13 +6,14 @@ answer when the rebalance gets there, so they take a ``respond`` callback (the s
 future); every callback is called at most once.
 
 Two clocks, as in Kafka. Every timer (a member's session, ``last_heartbeat_ms + session_timeout_ms``;
-a pending member id's expiry; a rebalance's initial delay and deadline) runs on the monotonic clock,
-``clock.monotonic_ms()``, as Kafka's run on its timer wheel (``SystemTimer``, on ``hiResClockMs``):
-a wall-clock step (NTP, an operator, a VM resumed) neither keeps a dead member in its group nor
-expires live ones. These readings live in memory only and are compared only with each other; inside
-this module ``now`` is always one. A group's ``state_timestamp_ms`` is wall-clock time
-(``clock.now_ms()``, Kafka's ``currentStateTimestamp`` from ``time.milliseconds()``): it is logged
-with the group and offset retention counts from it, against the wall clock, as Kafka's does.
+a pending member id's expiry; a rebalance's initial delay and deadline; the pending-sync deadline)
+runs on the monotonic clock, ``clock.monotonic_ms()``, as Kafka's run on its timer wheel
+(``SystemTimer``, on ``hiResClockMs``): a wall-clock step (NTP, an operator, a VM resumed) neither
+keeps a dead member in its group nor expires live ones. These readings live in memory only and are
+compared only with each other; inside this module ``now`` is always one. A group's
+``state_timestamp_ms`` is wall-clock time (``clock.now_ms()``, Kafka's ``currentStateTimestamp``
+from ``time.milliseconds()``): it is logged with the group and offset retention counts from it,
+against the wall clock, as Kafka's does.
 
 Membership lives in memory, as in Kafka (whose classic-group records are appended without being
 replayed at runtime): a rebalance is a conversation with parked requests and timers, not durable
@@ -24,9 +25,20 @@ and, while loading, rebuilds the group from it; a group tombstone always removes
 how a group dies: DeleteGroups and offset expiration only return the tombstone, replaying it is the
 change).
 
+Pending sync (Kafka's ``schedulePendingSync`` / ``expirePendingSync``): when a join phase completes
+with members, all of them owe a SyncGroup of the new generation (``pending_sync_members``), by the
+group's rebalance timeout from then (``pending_sync_deadline_ms``). A SyncGroup of the generation in
+CompletingRebalance or Stable pays the debt; a rebalance starting cancels it. At the deadline, still
+in that generation and in CompletingRebalance or Stable, the members still owing are removed (leader
+and followers, static or not) and the group rebalances: a client that joins and heartbeats but never
+syncs cannot hold its group in CompletingRebalance, nor keep a share of the partitions unassigned in
+Stable. Nothing of it is logged (Kafka's neither): a loaded group owes nothing.
+
 Invariants (see also ``group_state``): ``generation_id`` only grows while a group lives; a member id
 is in ``members`` or in ``pending_members``, never both; ``static_members`` maps each instance id to
-exactly one member of ``members``.
+exactly one member of ``members``; a group in CompletingRebalance or Stable with a member of the
+generation's join phase that has not sent SyncGroup of it leaves that state at the generation's
+pending-sync deadline.
 """
 
 from __future__ import annotations
@@ -41,7 +53,7 @@ from kio.schema.errors import ErrorCode
 
 from oncelog.clock import Clock
 from oncelog.coordinator.group import offset_records as rec
-from oncelog.coordinator.group.group_state import GroupMetadata, GroupState, MemberMetadata
+from oncelog.coordinator.group.group_state import PENDING_SYNC_STATES, GroupMetadata, GroupState, MemberMetadata
 
 G = GroupState
 Record = tuple[bytes, bytes | None]
@@ -297,6 +309,7 @@ class GroupMetadataManager:
 
     def _prepare_rebalance(self, g: GroupMetadata, now: int,
                            sync_error: ErrorCode = ErrorCode.rebalance_in_progress) -> None:
+        self._cancel_pending_sync(g)
         if g.state is G.COMPLETING_REBALANCE:
             # The leader's assignment for this generation will never be used: forget the old one
             # and send the members waiting in SyncGroup back to JoinGroup, with ``sync_error``,
@@ -331,6 +344,7 @@ class GroupMetadataManager:
             g.rebalance_deadline_ms = now + g.rebalance_timeout_ms()
             return
         g.generation_id += 1
+        self._cancel_pending_sync(g)
         if not g.members:
             g.protocol_name = None
             g.leader_id = None
@@ -341,13 +355,30 @@ class GroupMetadataManager:
             g.leader_id = joined[0]
         g.protocol_name = g.select_protocol()
         g.transition_to(G.COMPLETING_REBALANCE, self.clock.now_ms())
+        g.pending_sync_members = set(g.members)  # Kafka's addPendingSyncMember, then schedulePendingSync
+        g.pending_sync_deadline_ms = now + g.rebalance_timeout_ms()
         for m in g.members.values():
             callback, m.awaiting_join = m.awaiting_join, None
             m.last_heartbeat_ms = now
             if callback is not None:
                 callback(self._join_result(g, m))
 
+    @staticmethod
+    def _cancel_pending_sync(g: GroupMetadata) -> None:
+        """Kafka's removeSyncExpiration (a rebalance starts) and initNextGeneration's clear."""
+        g.pending_sync_members.clear()
+        g.pending_sync_deadline_ms = 0
+
+    @staticmethod
+    def _synced(g: GroupMetadata, member_id: str) -> None:
+        """Kafka's removePendingSyncMember: the member sent SyncGroup of the current generation; the
+        deadline is cancelled once nobody owes one."""
+        g.pending_sync_members.discard(member_id)
+        if not g.pending_sync_members:
+            g.pending_sync_deadline_ms = 0
+
     def _remove_member(self, g: GroupMetadata, member_id: str) -> None:
+        g.pending_sync_members.discard(member_id)
         m = g.members.pop(member_id, None)
         if m is None:
             return
@@ -386,6 +417,7 @@ class GroupMetadataManager:
         m.last_heartbeat_ms = now
         if g.state is G.PREPARING_REBALANCE:
             return respond(SyncResult(ErrorCode.rebalance_in_progress))
+        self._synced(g, member_id)
         if g.state is G.STABLE:
             return respond(SyncResult(ErrorCode.none, g.protocol_type, g.protocol_name, m.assignment))
         m.awaiting_sync = respond
@@ -415,7 +447,10 @@ class GroupMetadataManager:
     def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> ErrorCode:
         """Kafka's classic Heartbeat: member (and instance), then generation, then state. Only a
         heartbeat of the current generation counts as liveness, in PreparingRebalance too (where it
-        answers REBALANCE_IN_PROGRESS): a stale one answers ILLEGAL_GENERATION and changes nothing."""
+        answers REBALANCE_IN_PROGRESS): a stale one answers ILLEGAL_GENERATION and changes nothing. In
+        CompletingRebalance and Stable it answers NONE, to a member that owes a SyncGroup too (Kafka's
+        answer: the client learns of the debt only when the pending-sync deadline removes it, then
+        UNKNOWN_MEMBER_ID, and the others REBALANCE_IN_PROGRESS)."""
         g = self.groups.get(group_id)
         if g is None:
             return ErrorCode.unknown_member_id
@@ -477,7 +512,8 @@ class GroupMetadataManager:
         DelayedHeartbeat does (not a tick later: a client that waits exactly a session timeout
         and then deletes the group, as librdkafka's 0081 does, must find it empty). Returns the
         earliest deadline still ahead (a member's session, a pending member id, a rebalance's
-        initial delay or deadline), or None, so that the caller runs the next tick on time.
+        initial delay or deadline, the pending-sync deadline), or None, so that the caller runs the
+        next tick on time.
 
         Deadlines and the returned one are monotonic-clock readings (``clock.monotonic_ms()``), never
         wall-clock ones: a wall-clock step moves no deadline, nearer or later.
@@ -488,9 +524,10 @@ class GroupMetadataManager:
         it is read against only forward): a heartbeat (or a commit counting as one) moves its
         member's deadline later and is the one change that does not mark its group; what can bring
         a deadline nearer (JoinGroup: a new member, a rebalance and its deadlines, a pending member
-        id; LeaveGroup: a rebalance; loading) goes through :meth:`_touch`, and so does SyncGroup,
-        which only ends waits. A group scheduled too early is visited, finds nothing due and is
-        scheduled again. ``tests/coordinator/test_group_timers.py`` checks all this against a full
+        id, a completed join phase and its pending-sync deadline; LeaveGroup: a rebalance, a join
+        phase completed; loading) goes through :meth:`_touch`, and so does SyncGroup, which only
+        ends waits and cancels deadlines. A group scheduled too early is visited, finds nothing due
+        and is scheduled again. ``tests/coordinator/test_group_timers.py`` checks all this against a full
         scan."""
         now = self.clock.monotonic_ms()
         visit, self._touched = self._touched, set()
@@ -530,6 +567,13 @@ class GroupMetadataManager:
                 del g.pending_members[pid]
             else:
                 upcoming.append(expiry)
+        if g.state in PENDING_SYNC_STATES and g.pending_sync_members and now >= g.pending_sync_deadline_ms:
+            # Kafka's expirePendingSync: the members that never synced go, the others rejoin. (A
+            # replaced static member's old id is no member any more: removing it is a no-op.)
+            for mid in sorted(g.pending_sync_members):
+                self._remove_member(g, mid)
+            g.pending_sync_members.clear()
+            self._after_removal(g, now)
         # Session expiry applies in every state, rebalances included: a dead member must not hold
         # a rebalance until the (much longer) rebalance timeout.
         # Members parked in JoinGroup or SyncGroup are waiting on the coordinator, not dead.
@@ -545,6 +589,8 @@ class GroupMetadataManager:
                         if m.awaiting_join is None and m.awaiting_sync is None)
         if g.state is G.PREPARING_REBALANCE:
             upcoming.extend(t for t in (g.initial_delay_until_ms, g.rebalance_deadline_ms) if t > now)
+        if g.state in PENDING_SYNC_STATES and g.pending_sync_members:
+            upcoming.append(g.pending_sync_deadline_ms)
         return min(upcoming, default=None)
 
     # --- questions the offsets side asks ------------------------------------------------------------

@@ -4,6 +4,12 @@ Invariants: ``generation_id`` only grows; ``leader_id`` is a member while member
 in ``members`` or in ``pending_members`` (waiting to rejoin with the id it was given), never both;
 ``static_members`` maps every ``group.instance.id`` of a member to that member's id, and nothing else
 (one live member per instance id: a newer one replaces, and so fences, the older).
+
+Pending sync (Kafka's ``pendingSyncMembers``): ``pending_sync_members`` is non-empty only in
+``PENDING_SYNC_STATES``, for the generation whose join phase filled it; it holds the ids of that
+generation's members that have not sent SyncGroup of it, each still a member except the old id of a
+static member replaced in Stable (as in Kafka, the replacement does not count as its sync);
+``pending_sync_deadline_ms`` counts only while it is non-empty.
 """
 
 from __future__ import annotations
@@ -34,6 +40,13 @@ VALID_PREVIOUS: dict[GroupState, frozenset[GroupState]] = {
     G.STABLE: frozenset({G.COMPLETING_REBALANCE}),
     G.DEAD: frozenset({G.EMPTY, G.STABLE, G.PREPARING_REBALANCE, G.COMPLETING_REBALANCE, G.DEAD}),
 }
+
+
+#: The states in which members owe the coordinator a SyncGroup of the current generation: a join phase
+#: completing (into CompletingRebalance) fills ``pending_sync_members``, every rebalance starting
+#: (into PreparingRebalance) and every join phase completing empties it (Kafka's
+#: ``removeSyncExpiration``, ``initNextGeneration``); ``expirePendingSync`` acts only in these states.
+PENDING_SYNC_STATES: frozenset[GroupState] = frozenset({G.COMPLETING_REBALANCE, G.STABLE})
 
 
 class IllegalGroupTransition(Exception):
@@ -75,6 +88,10 @@ class GroupMetadata:
     static_members: dict[str, str] = field(default_factory=dict)  # group.instance.id -> member id
     rebalance_deadline_ms: int = 0  # monotonic clock, as is initial_delay_until_ms (0: no delay)
     initial_delay_until_ms: int = 0
+    # Members of this generation that have not sent its SyncGroup, and when they are removed for it
+    # (monotonic clock; see the module's invariants).
+    pending_sync_members: set[str] = field(default_factory=set)
+    pending_sync_deadline_ms: int = 0
     # When it entered its state, wall clock (logged; offset retention counts from it); -1: unknown
     # (loaded from an older record).
     state_timestamp_ms: int = 0
