@@ -540,7 +540,9 @@ class Coordination:
         return self.apply_records_by_group(self.groups.take_records())
 
     def tick_groups(self) -> int | None:
-        """Run the group timers; returns the earliest deadline ahead (ms, the groups' clock)."""
+        """Run the group timers; returns when the next one is due as a wall-clock reading (ms), or
+        None: ``GroupCoordinator.next_timer_ms``, the wall clock at this tick plus the monotonic
+        time still to go, so ``returned - clock.now_ms()`` right away is the time to sleep."""
         self._in_background(self.apply_records_by_group(self.groups.tick()))
         return self.groups.next_timer_ms
 
