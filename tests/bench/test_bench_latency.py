@@ -148,6 +148,7 @@ class FakeProducer:
     batch_records: int = 0
     batch_bytes: int = 0
     samples: list[float] = field(default_factory=list)
+    send_lag_ms: list[float] = field(default_factory=list)
     acked_after_warmup: dict[int, int] = field(default_factory=dict)
 
     def run(self, start: float) -> None:
@@ -211,3 +212,98 @@ def test_the_pool_tells_each_consumer_the_records_acknowledged_on_its_partitions
 def test_record_ids_differ_across_processes_and_producers() -> None:
     ids = {record_id(c, p, s) for c in range(3) for p in range(100) for s in (0, 1, 2**32 - 1)}
     assert len(ids) == 3 * 100 * 3
+
+
+# --- coordinated omission: latency from the scheduled send time ----------------------------------------
+
+class FakeDelivery:
+    def __init__(self, value: bytes, partition: int, latency: float) -> None:
+        self._value, self._partition, self._latency = value, partition, latency
+
+    def value(self) -> bytes:
+        return self._value
+
+    def partition(self) -> int:
+        return self._partition
+
+    def latency(self) -> float:  # what librdkafka measures: from produce() to the delivery report
+        return self._latency
+
+
+class StallingProducer:
+    """Acknowledges every record at the next poll; its first commit_transaction takes ``stall_s``."""
+
+    stall_s = 0.2
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.pending: list[tuple[bytes, int, Any, float]] = []
+        self.commits = 0
+
+    def list_topics(self, *_a: Any, **_k: Any) -> None:
+        pass
+
+    def init_transactions(self, *_a: Any) -> None:
+        pass
+
+    def begin_transaction(self) -> None:
+        pass
+
+    def commit_transaction(self, *_a: Any) -> None:
+        self.commits += 1
+        if self.commits == 1:
+            time.sleep(self.stall_s)
+        self.poll(0)
+
+    def produce(self, topic: str, value: bytes, partition: int = 0, on_delivery: Any = None) -> None:
+        self.pending.append((value, partition, on_delivery, time.monotonic()))
+
+    def poll(self, timeout: float) -> int:
+        if not self.pending and timeout:
+            time.sleep(timeout)
+        done, self.pending = self.pending, []
+        for value, partition, cb, at in done:
+            cb(None, FakeDelivery(value, partition, time.monotonic() - at))
+        return len(done)
+
+    def flush(self, *_a: Any) -> int:
+        self.poll(0)
+        return 0
+
+
+def test_latency_counts_from_the_scheduled_send_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit that holds the sending loop 200 ms: the records due meanwhile go out late, in a burst.
+    Their latency counts the wait (librdkafka's Message.latency(), from the late produce(), does
+    not), and the send lag says how late they went out."""
+    import confluent_kafka
+
+    monkeypatch.setattr(confluent_kafka, "Producer", StallingProducer)
+    job = Job("produce", "-", "t", [0, 1, 2], mode="transactional", rate=1000.0, duration_s=0.6, linger_ms=0)
+    thread = clients._ProducerThread(job, 0)
+    stamps: list[int] = []
+    deliver = thread._on_delivery
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        stamps.append(STAMP.unpack_from(msg.value())[0])
+        deliver(err, msg)
+
+    thread._on_delivery = on_delivery  # type: ignore[method-assign]
+    start = time.monotonic()
+    thread.run(start)
+    assert thread.errors == 0 and thread.acked == thread.sent == len(stamps) >= 550
+    start_ns = int(start * 1e9)
+    assert sorted(stamps) == [start_ns + i * 1_000_000 for i in range(len(stamps))]  # record i: start + i ms
+    assert max(thread.samples) >= 150  # the records due during the stall waited for it
+    assert max(thread.send_lag_ms) >= 150 and min(thread.send_lag_ms) >= 0
+    assert len(thread.send_lag_ms) == len(thread.samples)
+
+
+def test_the_send_lag_is_reported_beside_the_latency() -> None:
+    plan = Plan.quick_plan()
+    bench = Bench(plan, [], pool=None, progress=lambda _msg: None)  # type: ignore[arg-type]
+    lags = [0.1] * 95 + [120.0] * 5
+    producer = Result(records=100, sent_per_s=200.0, acked_after_warmup={0: 100}, latencies_ms=[1.0] * 100,
+                      send_lag_ms=lags)
+    bench._run = fake_run([producer], 1.0)  # type: ignore[method-assign]
+    broker = type("B", (), {"bootstrap": "127.0.0.1:1"})()
+    lat = bench.latency(broker, "t", 1, 200.0, processes=1, per_process=1, size=100)  # type: ignore[arg-type]
+    assert lat["send_lag_ms"] == {"p50": 0.1, "p99": 120.0, "max": 120.0}

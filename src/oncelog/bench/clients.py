@@ -10,10 +10,16 @@ report can put the clients' CPU beside the broker's.
 
 Throughput jobs send as fast as the client can for ``duration_s``, then flush: the figure counts
 only acknowledged records, over the time until the last acknowledgement. Latency jobs send at a fixed
-rate (``rate``, paced in 1 ms steps) with ``linger.ms=0`` and record each record's acknowledgement
-latency as librdkafka measures it (``Message.latency()``: from ``produce()`` to the delivery report),
-or, for a consumer, produce-to-consume latency from a monotonic timestamp in the value's first
-8 bytes. Samples from the first ``warmup_s`` seconds are dropped.
+rate (``rate``, paced in 1 ms steps) with ``linger.ms=0``. Record ``i`` of a producer is due at
+``start + i / rate``, and its latency is measured **from that scheduled time**, not from the moment
+``produce()`` was called: when the sending loop is held up (a ``commit_transaction`` every 100 ms, a
+full queue, a descheduled client process), the records due meanwhile go out late in a burst, and
+measuring from the late send would leave out exactly the wait a client at that rate would have seen
+(coordinated omission; wrk2 and HdrHistogram's correction measure from the schedule too). The
+scheduled time (monotonic ns) is stamped in each value's first 8 bytes: the delivery report reads it
+for the acknowledgement latency, a consumer for produce-to-consume latency. How late ``produce()``
+actually ran against the schedule is the send lag (``Result.send_lag_ms``). Samples of records due
+in the first ``warmup_s`` seconds are dropped.
 
 A produce-to-consume run has no sample it cannot account for: every value also carries the record's
 id (its producer and sequence number), each producer counts per partition the records acknowledged
@@ -39,7 +45,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-STAMP = struct.Struct(">qQ")  # monotonic_ns at produce() and the record's id, at the start of every value
+#: At the start of every value: the record's send time in monotonic ns (fixed-rate runs: the time it was
+#: scheduled for, start + i / rate), and its id (``record_id``).
+STAMP = struct.Struct(">qQ")
 #: A produce-to-consume run's consumers wait this long, after the producers have all answered, for
 #: the acknowledged records they have not seen yet.
 LATE_S = 30.0
@@ -112,6 +120,7 @@ class Result:
     timed_out: int = 0  # throughput runs: records not acknowledged within message.timeout.ms (overload)
     latencies_ms: list[float] = field(default_factory=list)
     sent_per_s: float = 0.0  # latency jobs: the rate actually offered
+    send_lag_ms: list[float] = field(default_factory=list)  # latency jobs: produce() time - scheduled time
     # fixed-rate producers: records acknowledged whose stamp is past the warm-up, per partition
     acked_after_warmup: dict[int, int] = field(default_factory=dict)
     seen: int = 0  # produce-to-consume consumers: distinct records past the warm-up seen
@@ -148,6 +157,7 @@ class _ProducerThread:
         self.errors = 0
         self.first_error = ""
         self.samples = array("d")
+        self.send_lag_ms = array("d")
         self.acked_after_warmup: dict[int, int] = {}
         self.sent = 0
         self.batches = self.batch_records = self.batch_bytes = 0
@@ -179,13 +189,12 @@ class _ProducerThread:
         self.acked += 1
         if self.job.rate:
             # the same test as the consumers' (the stamp), so that their counts compare
-            if STAMP.unpack_from(msg.value())[0] < self.warm_ns:
+            due_ns = STAMP.unpack_from(msg.value())[0]
+            if due_ns < self.warm_ns:
                 return
             part = int(msg.partition())
             self.acked_after_warmup[part] = self.acked_after_warmup.get(part, 0) + 1
-            latency = msg.latency()
-            if latency is not None:
-                self.samples.append(latency * 1000.0)
+            self.samples.append((time.monotonic_ns() - due_ns) / 1e6)  # from the scheduled time
 
     def run(self, start: float) -> None:
         try:
@@ -212,6 +221,8 @@ class _ProducerThread:
         cb = self._on_delivery
         spread = job.partitioner == "round_robin"
         first_id = record_id(job.client, self.index, 0)
+        start_ns, ns_per_record = int(start * 1e9), 1e9 / rate if rate else 0.0
+        lags, warm_ns, monotonic_ns = self.send_lag_ms, self.warm_ns, time.monotonic_ns
         while True:
             t = now()
             if t >= end:
@@ -225,7 +236,12 @@ class _ProducerThread:
             else:
                 burst = 256
             for _ in range(burst):
-                STAMP.pack_into(value, 0, time.monotonic_ns(), first_id + i)
+                sent_ns = monotonic_ns()
+                if rate:
+                    due_ns = start_ns + int(i * ns_per_record)
+                    STAMP.pack_into(value, 0, due_ns, first_id + i)
+                else:
+                    STAMP.pack_into(value, 0, sent_ns, first_id + i)
                 try:
                     if spread:
                         produce(job.topic, bytes(value), partition=parts[i % n], on_delivery=cb)
@@ -234,6 +250,8 @@ class _ProducerThread:
                 except BufferError:
                     poll(0.001)
                     break
+                if rate and due_ns >= warm_ns:
+                    lags.append((sent_ns - due_ns) / 1e6)
                 i += 1
             poll(0)
             if txn and t - last_commit >= txn_every:
@@ -400,6 +418,7 @@ def _worker(conn: Any, priority: str = "normal") -> None:
                         result.timed_out += pt.timed_out
                         result.first_error = result.first_error or pt.first_error
                         result.latencies_ms.extend(pt.samples)
+                        result.send_lag_ms.extend(pt.send_lag_ms)
                         for part, n in pt.acked_after_warmup.items():
                             result.acked_after_warmup[part] = result.acked_after_warmup.get(part, 0) + n
                         result.batches += pt.batches

@@ -535,9 +535,12 @@ out:</p>
 <div class="row">{"".join(sections.get("rows", []))}</div>
 <h2>Ratios</h2>{ratio_table}
 <h2>Latency by percentile</h2>
-<p>At fixed rates, the same for both brokers. Produce rows: acknowledgement latency from librdkafka's delivery
-reports (<code>linger.ms=0</code>); consume rows: from <code>produce()</code> to the consumer, through a
-monotonic timestamp in each record.</p>
+<p>At fixed rates, the same for both brokers, every latency counted from the time the record was
+<em>scheduled</em> to be sent (start + i / rate), not from the <code>produce()</code> call, which runs late
+when the client is held up (a transaction's commit, a full queue): the wait counts, as a client at that rate
+would see it. Produce rows: to librdkafka's delivery report (<code>linger.ms=0</code>); consume rows: to the
+consumer, through the scheduled time stamped in each record. How late the sends ran against the schedule is
+<code>send_lag_ms</code> in <code>bench.json</code>.</p>
 <div class="row">{"".join(sections.get("latency", []))}</div>
 <h2>Scaling curves</h2><p>{e(curve_note)}</p>
 <div class="row">{"".join(sections.get("curves", [])) or "<p>Not measured in this run.</p>"}</div>

@@ -209,6 +209,12 @@ def _quantiles(samples: list[float]) -> dict[str, Any]:
     return {"n": len(samples), **named, "table": table}
 
 
+def send_lag(lags_ms: list[float]) -> dict[str, float]:
+    """p50, p99 and max of how late the records went out against their schedule (empty: nothing sent)."""
+    named = {k: v for k, v in _quantiles(lags_ms).items() if k in ("p50", "p99", "max")}
+    return {k: round(max(v, 0.0), 3) for k, v in named.items()}
+
+
 class Bench:
     """Throughput runs load the brokers from ``pool`` (normal CPU priority: a load generator that
     yields cannot saturate a broker on the cores it shares with it); fixed-rate runs, which measure
@@ -265,6 +271,10 @@ class Bench:
         """Records at a fixed total ``rate``; acknowledgement latency, or produce-to-consume latency
         when ``consume`` names an isolation level (consumers in their own processes).
 
+        Latency runs from each record's scheduled send time (``clients``: coordinated omission),
+        and ``send_lag_ms`` says how late the producers' ``produce()`` calls ran against that
+        schedule (p50, p99, max): a large lag is a client that could not keep to the rate.
+
         Every record acknowledged past the warm-up is a sample: ``expected`` of them, ``seen`` with a
         latency. A produce-to-consume run's consumers listen until they have seen each one (or
         ``clients.LATE_S`` after the producers answered); the ``unseen`` ones enter the percentiles
@@ -301,6 +311,7 @@ class Bench:
         return {"rate": round(rate, 1), "offered_per_s": round(sum(r.sent_per_s for r in producers), 1),
                 "acked_per_s": round(acked / self.plan.latency_s, 1), "kind": "produce-to-consume" if consume
                 else "acknowledgement", "expected": expected, "seen": seen, "unseen": unseen, **worst,
+                "send_lag_ms": send_lag([x for r in producers for x in r.send_lag_ms]),
                 **_quantiles(samples), "cpu": asdict(cpu), "runs": runs}
 
     # --- the workload rows --------------------------------------------------------------------------
