@@ -41,6 +41,37 @@ def _ms(v: Any) -> str:
     return f"{v:.2f}" if v < 10 else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
 
 
+#: A fixed-rate figure is marked "!" when its run did not do what its rate promised: it offered, or had
+#: acknowledged, less than this share of the rate...
+SHORTFALL = 0.95
+#: ... or its records went out later than this against their schedule (p99 of the send lag, ms) ...
+SEND_LAG_BOUND_MS = 10.0
+#: ... or its consumers never saw some of the records acknowledged (they count as the worst case).
+MARK_NOTE = (f"Latency marked ! : the run offered or had acknowledged less than {SHORTFALL:.0%} of its rate, its "
+             f"records went out more than {SEND_LAG_BOUND_MS:g} ms late against their schedule (p99 send lag), or "
+             "its consumers never saw some acknowledged records (counted as the worst case); each is listed with "
+             "its reasons.")
+
+
+def latency_flags(lat: dict[str, Any] | None) -> list[str]:
+    """Why a fixed-rate figure does not measure what its rate promised, in words (empty: it does)."""
+    if not lat or "error" in lat:
+        return []
+    out: list[str] = []
+    rate = lat.get("rate") or 0.0
+    for key, what in (("offered_per_s", "offered"), ("acked_per_s", "acknowledged")):
+        got = lat.get(key)
+        if rate and got is not None and got < SHORTFALL * rate:
+            out.append(f"{what} {got:,.0f}/s of {rate:,.0f}/s ({got / rate:.0%})")
+    lag = (lat.get("send_lag_ms") or {}).get("p99")
+    if lag is not None and lag > SEND_LAG_BOUND_MS:
+        out.append(f"records went out {_ms(lag)} ms late against their schedule (p99 send lag)")
+    if lat.get("unseen"):
+        out.append(f"{lat['unseen']:,} of {lat.get('expected', 0):,} acknowledged records never seen (counted as "
+                   f"{_ms(lat.get('unseen_ms'))} ms)")
+    return out
+
+
 def latency_cell(lat: dict[str, Any] | None) -> str:
     if not lat:
         return "-"
@@ -48,7 +79,31 @@ def latency_cell(lat: dict[str, Any] | None) -> str:
         return "failed"
     if not lat.get("n"):
         return "no samples"
-    return f"{_ms(lat.get('p50'))} / {_ms(lat.get('p99'))} / {_ms(lat.get('p99.9'))}"
+    mark = " !" if latency_flags(lat) else ""
+    return f"{_ms(lat.get('p50'))} / {_ms(lat.get('p99'))} / {_ms(lat.get('p99.9'))}{mark}"
+
+
+def p99_cell(lat: dict[str, Any] | None) -> str:
+    """A curve point's p99, marked as ``latency_cell`` marks."""
+    if not lat or not lat.get("n"):
+        return "-"
+    return _ms(lat.get("p99")) + (" !" if latency_flags(lat) else "")
+
+
+def marked_latencies(doc: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """(where, reasons) of every marked fixed-rate figure of the workload rows and curves."""
+    out: list[tuple[str, list[str]]] = []
+    for row in doc["rows"].values():
+        for broker, entry in row.get("brokers", {}).items():
+            for fraction, lat in (entry.get("latency") or {}).items():
+                if why := latency_flags(lat):
+                    out.append((f"{row['label']}, {broker}, at {fraction} of peak", why))
+    for name, curve in doc.get("curves", {}).items():
+        for x, point in zip(curve["x"], curve["points"], strict=True):
+            for broker, entry in point.get("brokers", {}).items():
+                if why := latency_flags(entry.get("latency")):
+                    out.append((f"{name} curve, {x:,}, {broker}", why))
+    return out
 
 
 def ratio(a: Any, b: Any) -> float | None:
@@ -173,8 +228,8 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
                       f"machine, {cond['cpus']} cores). Latency p50 / p99 / p99.9 in ms at fixed rates, the same "
                       "for both brokers (a fraction of the lower peak); produce rows: acknowledgement, consume "
                       "rows: produce-to-consume. MB/s marked ! : some records were not acknowledged within "
-                      "60 s (message.timeout.ms): the broker fell behind. " + repeats_note(plan) + " "
-                      + client_priority_note(plan))
+                      "60 s (message.timeout.ms): the broker fell behind. " + MARK_NOTE + " " + repeats_note(plan)
+                      + " " + client_priority_note(plan))
     for col, justify in [("workload", "left"), ("broker", "left"), ("MB/s", "right"), ("records/s", "right"),
                          ("vs tansu" if "tansu" in names else "", "right"), ("rec/batch", "right"),
                          ("CPU broker", "right"), ("CPU clients", "right"), ("CPU others", "right"),
@@ -191,6 +246,11 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
                 continue
             t.add_row(label, broker, *row_cells, *lat, end_section=i == len(names) - 1)
     console.print(t)
+    marked = marked_latencies(doc)
+    if marked:
+        console.print("[bold]Latency figures marked ![/bold] (they do not measure what their rate promised):")
+        for where, why in marked:
+            console.print(f"  ! {where}: {'; '.join(why)}", highlight=False)
 
     rt = Table(title="Ratios (same run, same machine)")
     rt.add_column("ratio")
@@ -225,7 +285,7 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
                 thr, point_lat = e.get("throughput"), e.get("latency") or {}
                 cells += [mb(thr) if thr else "[red]failed[/red]",
                           _f(thr["records_per_s"], 0) if thr else "",
-                          _ms(point_lat.get("p99")) if point_lat.get("n") else "-",
+                          p99_cell(point_lat),
                           thr["limited_by"] if thr else ""]
             label = f"{point['processes']}x{point['per_process']}" if name == "producers" else f"{x:,}"
             if name.startswith("scale target"):
@@ -508,6 +568,9 @@ def write_html(doc: dict[str, Any], out: Path, chart_list: list[tuple[str, str, 
                                [pipeline_cells(p) if "error" not in p else
                                 [f"{p['max_offsets']:,}", f'<span class="bad">{e(p["error"])}</span>']
                                 for p in pipe["points"]]))
+    marked = marked_latencies(doc)
+    marked_html = ("" if not marked else f"<p>{e(MARK_NOTE)}</p><ul>" + "".join(
+        f"<li>! <b>{e(where)}</b>: {e('; '.join(why))}</li>" for where, why in marked) + "</ul>")
     rec = doc.get("recovery") or {}
     rec_html = ("<p>Not measured in this run.</p>" if not rec.get("points") else
                 f"<p>{e(RECOVERY_NOTE)}</p>"
@@ -532,6 +595,7 @@ acknowledged within 60 s (<code>message.timeout.ms</code>), the broker fell behi
 out:</p>
 <ul>{limits}</ul>
 {main}
+{marked_html}
 <div class="row">{"".join(sections.get("rows", []))}</div>
 <h2>Ratios</h2>{ratio_table}
 <h2>Latency by percentile</h2>
