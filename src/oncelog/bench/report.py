@@ -319,6 +319,11 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
                 continue
             p.add_row(*pipeline_cells(point))
         console.print(p)
+        marked = pipeline_marks(pipe)
+        if marked:
+            console.print(f"[bold]Pipeline figures marked ![/bold] {PIPELINE_MARK_NOTE}")
+            for where, why in marked:
+                console.print(f"  ! {where}: {'; '.join(why)}", highlight=False)
 
 
 #: Columns of the recovery table (terminal and HTML).
@@ -345,17 +350,70 @@ PIPELINE_COLUMNS = ["micro-batch", "copier", *GUARANTEE_COLORS, "eo / copier", "
                     *(f"{g} p50/p99 ms" for g in ("copier", *GUARANTEE_COLORS))]
 
 
+PIPELINE_MARK_NOTE = ("A pipeline figure marked ! : in some round its output, read read_committed when its clock "
+                      "stopped, did not hold every input record exactly once, or its latency run never saw some "
+                      "records (counted as the worst case); each is listed with its reasons.")
+
+
+def _output_flags(f: dict[str, Any]) -> list[str]:
+    out = []
+    if f.get("missing"):
+        out.append(f"{f['missing']:,} of {f.get('records', f['missing'] + f.get('visible', 0)):,} records not "
+                   "visible read_committed in the output when the clock stopped")
+    if f.get("duplicates"):
+        out.append(f"{f['duplicates']:,} duplicate records in the output")
+    if f.get("foreign"):
+        out.append(f"{f['foreign']:,} records in the output that are not input records")
+    if f.get("unread_partitions"):
+        out.append(f"{f['unread_partitions']} output partitions not read to their end")
+    return out
+
+
+def pipeline_flags(point: dict[str, Any]) -> dict[tuple[str, str], list[str]]:
+    """Why a pipeline point's figures do not say what they seem to, by (who, "records/s" | "latency"):
+    a round whose output was incomplete or duplicated when its clock stopped (every round is checked,
+    the figure shown being one of them), a latency run that did not see every record."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for who in ("copier", *GUARANTEE_COLORS):
+        rounds = [r[who] for r in point.get("rounds", []) if isinstance(r.get(who), dict)] or (
+            [point[who]] if isinstance(point.get(who), dict) else [])
+        why = [f"round {k + 1}: {w}" if len(rounds) > 1 else w for k, f in enumerate(rounds) for w in _output_flags(f)]
+        if why:
+            out[(who, "records/s")] = why
+        lat = (point.get("latency") or {}).get(who) or {}
+        why = []
+        if lat.get("unseen"):
+            why.append(f"{lat['unseen']:,} of {lat.get('sent', 0):,} records never seen in the output (counted as "
+                       f"{_f(lat.get('unseen_ms'), 0)} ms)")
+        if lat.get("duplicates"):
+            why.append(f"{lat['duplicates']:,} duplicate records read in the output")
+        if why:
+            out[(who, "latency")] = why
+    return out
+
+
+def pipeline_marks(pipe: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """(where, reasons) of every marked figure of the pipeline table."""
+    return [(f"micro-batch {point['max_offsets']:,}, {who} {what}", why) for point in pipe.get("points", [])
+            if "error" not in point for (who, what), why in pipeline_flags(point).items()]
+
+
 def pipeline_cells(point: dict[str, Any]) -> list[str]:
     lat = point.get("latency") or {}
+    flags = pipeline_flags(point)
+
+    def mark(who: str, what: str) -> str:
+        return " !" if (who, what) in flags else ""
 
     def ms(who: str) -> str:
         got = lat.get(who) or {}
-        return f"{_f(got.get('p50_ms'), 0)}/{_f(got.get('p99_ms'), 0)}" if got else "-"
+        return f"{_f(got.get('p50_ms'), 0)}/{_f(got.get('p99_ms'), 0)}{mark(who, 'latency')}" if got else "-"
 
-    return [f"{point['max_offsets']:,}", _f(point.get("copier", {}).get("records_per_s"), 0),
-            *[_f(point.get(g, {}).get("records_per_s"), 0) for g in GUARANTEE_COLORS],
+    who = ("copier", *GUARANTEE_COLORS)
+    figures = [_f(point.get(g, {}).get("records_per_s"), 0) + mark(g, "records/s") for g in who]
+    return [f"{point['max_offsets']:,}", *figures,
             _f(point.get("ratio_eo_vs_copier"), 3), _f(point.get("ratio_eo_vs_alo"), 3),
-            _f(point.get("ratio_amo_vs_alo"), 3), *[ms(w) for w in ("copier", *GUARANTEE_COLORS)]]
+            _f(point.get("ratio_amo_vs_alo"), 3), *[ms(w) for w in who]]
 
 
 # --- HTML and charts -------------------------------------------------------------------------------
@@ -567,7 +625,10 @@ def write_html(doc: dict[str, Any], out: Path, chart_list: list[tuple[str, str, 
                  + _html_table(PIPELINE_COLUMNS,
                                [pipeline_cells(p) if "error" not in p else
                                 [f"{p['max_offsets']:,}", f'<span class="bad">{e(p["error"])}</span>']
-                                for p in pipe["points"]]))
+                                for p in pipe["points"]])
+                 + ("" if not pipeline_marks(pipe) else f"<p>{e(PIPELINE_MARK_NOTE)}</p><ul>" + "".join(
+                     f"<li>! <b>{e(where)}</b>: {e('; '.join(why))}</li>" for where, why in pipeline_marks(pipe))
+                    + "</ul>"))
     marked = marked_latencies(doc)
     marked_html = ("" if not marked else f"<p>{e(MARK_NOTE)}</p><ul>" + "".join(
         f"<li>! <b>{e(where)}</b>: {e('; '.join(why))}</li>" for where, why in marked) + "</ul>")

@@ -22,9 +22,17 @@ transaction per ``consume`` call of up to ``--max-offsets`` records (100,000 wit
 same unit as the pipeline's micro-batch. It runs in its own process, while the Spark session sits idle.
 
 **Latency** (``--latency-seconds`` > 0): a producer writes ``--latency-rate`` records/s, each value
-stamped with its send time, into a fresh topic while the query (or the copier) runs continuously
-(default trigger); a read_committed consumer on the output records, per record, the time from the
-send to seeing it. The first two seconds are a warm-up and not counted.
+stamped with its send time and its sequence number, into a fresh topic while the query (or the
+copier) runs continuously (default trigger); a read_committed consumer on the output records, per
+distinct record (a duplicate is not a second sample), the time from the send to seeing it, waiting
+until it has seen every record sent (or ``LATENCY_WAIT_S``). The first two seconds are a warm-up and
+not counted. Records never seen are counted (``unseen``) and enter the percentiles as the worst case.
+
+**The output is checked.** Every input record carries its index in its value's first 8 bytes
+(:func:`fill`); when a query's (or the copier's) clock has stopped, a read_committed consumer reads
+the output to its end and counts the distinct records there (:func:`check_output`): each figure has
+``visible``, ``missing`` and ``duplicates``, and a figure with records missing (not visible when the
+clock stopped) or duplicated is one the report marks.
 
 Without ``--bootstrap`` the bench starts our broker in a temporary directory (its CPU is reported
 per phase in ``cpu_s``, beside the Spark side's: who limits is in the figures). Each guarantee reads
@@ -78,15 +86,22 @@ def copier_batch(max_offsets: int, records: int) -> int:
     return min(max_offsets or min(records, COPIER_MAX_BATCH), CONSUME_MAX_MESSAGES)
 
 
+RECORD_INDEX = struct.Struct(">q")  # the first 8 bytes of every value fill() writes: the record's index
+
+
 def fill(bootstrap: str, topic: str, records: int, size: int) -> None:
+    """``records`` records of ``size`` bytes (at least 8), record ``i`` with key ``i mod 1000`` and
+    ``i`` in its value's first 8 bytes (``RECORD_INDEX``), so that an output can be checked record by
+    record (:func:`check_output`)."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
-    value = b"x" * size
+    value = bytearray(b"x" * max(size, RECORD_INDEX.size))
     for i in range(records):
+        RECORD_INDEX.pack_into(value, 0, i)
         while True:
             try:
-                p.produce(topic, key=b"%d" % (i % 1000), value=value)
+                p.produce(topic, key=b"%d" % (i % 1000), value=bytes(value))
                 break
             except BufferError:
                 p.poll(0.05)
@@ -191,6 +206,55 @@ def run_one(spark: Any, bootstrap: str, source: str, guarantee: str, work: Path,
     return took
 
 
+def tally(values: Any, records: int) -> dict[str, int]:
+    """Of the values read from an output: ``visible`` distinct input records (by the index
+    :func:`fill` wrote), ``missing`` (records - visible), ``duplicates`` (reads of a record already
+    counted) and ``foreign`` (values without an index below ``records``)."""
+    seen = bytearray(records)
+    total = foreign = 0
+    for v in values:
+        total += 1
+        i = RECORD_INDEX.unpack_from(v)[0] if v is not None and len(v) >= RECORD_INDEX.size else -1
+        if 0 <= i < records:
+            seen[i] = 1
+        else:
+            foreign += 1
+    visible = records - seen.count(0)
+    return {"visible": visible, "missing": records - visible, "duplicates": total - foreign - visible,
+            "foreign": foreign}
+
+
+def check_output(bootstrap: str, topic: str, records: int, timeout_s: float = 300.0) -> dict[str, int]:
+    """:func:`tally` of what a read_committed consumer reads in ``topic`` from its start to its end,
+    now; ``unread_partitions`` when some partition's end was not reached within ``timeout_s``."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-check-{time.time_ns()}",
+                  "enable.auto.commit": False, "enable.partition.eof": True, "isolation.level": "read_committed",
+                  "fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 10_485_760, "log_level": 3})
+    eof: set[int] = set()
+
+    def values() -> Any:
+        deadline = time.monotonic() + timeout_s
+        while len(eof) < len(parts) and time.monotonic() < deadline:
+            for m in c.consume(10_000, 0.2):
+                err = m.error()
+                if err is None:
+                    yield m.value()
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    eof.add(int(m.partition() or 0))
+
+    try:
+        parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
+        c.assign([TopicPartition(topic, q, OFFSET_BEGINNING) for q in parts])
+        out = tally(values(), records)
+    finally:
+        c.close()
+    if len(eof) < len(parts):
+        out["unread_partitions"] = len(parts) - len(eof)
+    return out
+
+
 def copy_transactional(bootstrap: str, source: str, out: str, records: int, batch: int,
                        poll_timeout_s: float = 1.0, tag: str = "") -> dict[str, Any]:
     """The anchor: one process, one read_committed consumer and one transactional producer; per
@@ -259,12 +323,17 @@ def run_copier(bootstrap: str, source: str, out: str, records: int, batch: int,
     return result
 
 
+LATENCY_STAMP = struct.Struct(">qq")  # a latency record's value: wall-clock send time (ns), sequence number
+#: How long a latency run waits, after its producer has finished, for the records not seen yet.
+LATENCY_WAIT_S = 120.0
+
+
 def _stamped_producer(bootstrap: str, topic: str, rate: int, seconds: float, size: int, stop: threading.Event,
                       sent: list[int]) -> None:
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "enable.idempotence": True})
-    pad = b"x" * max(0, size - 8)
+    pad = b"x" * max(0, size - LATENCY_STAMP.size)
     start = time.monotonic()
     n = 0
     while not stop.is_set():
@@ -274,7 +343,7 @@ def _stamped_producer(bootstrap: str, topic: str, rate: int, seconds: float, siz
         due = int(elapsed * rate)
         while n < due:
             try:
-                p.produce(topic, key=b"%d" % (n % 1000), value=struct.pack(">q", time.time_ns()) + pad)
+                p.produce(topic, key=b"%d" % (n % 1000), value=LATENCY_STAMP.pack(time.time_ns(), n) + pad)
                 n += 1
             except BufferError:
                 p.poll(0.01)
@@ -285,12 +354,15 @@ def _stamped_producer(bootstrap: str, topic: str, rate: int, seconds: float, siz
 
 def _latency_consumer(bootstrap: str, topic: str, since_ns: int, stop: threading.Event,
                       got: list[float], seen: list[int]) -> None:
+    """Until ``stop``: ``seen[0]`` distinct records read (by sequence number), ``seen[1]`` reads of a
+    record already seen; ``got`` one latency (ms) per distinct record sent from ``since_ns`` on."""
     from confluent_kafka import Consumer, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-latency-{time.time_ns()}",
                   "enable.auto.commit": False, "isolation.level": "read_committed", "fetch.wait.max.ms": 5})
     parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
     c.assign([TopicPartition(topic, q, 0) for q in parts])
+    ids: set[int] = set()
     try:
         while not stop.is_set():
             for m in c.consume(num_messages=10000, timeout=0.05):
@@ -298,7 +370,13 @@ def _latency_consumer(bootstrap: str, topic: str, since_ns: int, stop: threading
                     continue
                 now = time.time_ns()
                 v = m.value() or b""
-                sent_ns = struct.unpack(">q", v[:8])[0] if len(v) >= 8 else 0
+                if len(v) < LATENCY_STAMP.size:
+                    continue
+                sent_ns, n = LATENCY_STAMP.unpack_from(v)
+                if n in ids:
+                    seen[1] += 1
+                    continue
+                ids.add(n)
                 seen[0] += 1
                 if sent_ns >= since_ns:
                     got.append((now - sent_ns) / 1e6)
@@ -314,14 +392,18 @@ def _percentile(xs: list[float], q: float) -> float:
 def measure_latency(spark: Any, bootstrap: str, who: str, work: Path, rate: int, seconds: float, size: int,
                     max_offsets: int) -> dict[str, Any]:
     """p50/p99 (ms) from a record's send to a read_committed consumer seeing it in the output, at a
-    fixed ``rate``; ``who`` is a guarantee (a continuous Spark query) or ``copier``."""
+    fixed ``rate``; ``who`` is a guarantee (a continuous Spark query) or ``copier``. One sample per
+    distinct record; ``seen`` of ``sent`` distinct records were seen, ``duplicates`` reads were of a
+    record already seen, and the ``unseen`` (after ``LATENCY_WAIT_S``) enter the percentiles as the
+    worst case (``unseen_ms``: the slowest latency seen or the wait since the producer finished,
+    whichever is larger)."""
     tag = f"lat-{who}-{time.time_ns() % 10**9}"
     src, out = f"{tag}-in", f"{tag}-out"
     create_topic(bootstrap, src, 2)
     create_topic(bootstrap, out, 2)
     stop, done = threading.Event(), threading.Event()
     got: list[float] = []
-    seen: list[int] = [0]
+    seen: list[int] = [0, 0]
     sent: list[int] = []
     since = time.time_ns() + int(WARM_UP_S * 1e9)
     reader = threading.Thread(target=_latency_consumer, args=(bootstrap, out, since, stop, got, seen), daemon=True)
@@ -340,13 +422,15 @@ def measure_latency(spark: Any, bootstrap: str, who: str, work: Path, rate: int,
     if copier is not None:
         copier.start()
     writer.join()
-    deadline = time.monotonic() + 120
+    finished = time.monotonic()
+    deadline = finished + LATENCY_WAIT_S
     while seen[0] < sent[0] and time.monotonic() < deadline:
         if q is not None and q.exception() is not None:
             break
         time.sleep(0.05)
     stop.set()
     reader.join(10)
+    waited_ms = (time.monotonic() - finished) * 1000
     if q is not None:
         exc = q.exception()
         q.stop()
@@ -354,9 +438,22 @@ def measure_latency(spark: Any, bootstrap: str, who: str, work: Path, rate: int,
             raise RuntimeError(f"{who}: {exc}")
     if copier is not None:
         copier.join(30)
-    return {"rate": rate, "seconds": seconds, "sent": sent[0], "seen": seen[0], "samples": len(got),
-            "p50_ms": round(_percentile(got, 0.50), 1), "p99_ms": round(_percentile(got, 0.99), 1),
-            "max_ms": round(max(got), 1) if got else None}
+    return latency_figures(rate, seconds, sent[0], seen[0], seen[1], got, waited_ms)
+
+
+def latency_figures(rate: int, seconds: float, sent: int, seen: int, duplicates: int, got: list[float],
+                    waited_ms: float) -> dict[str, Any]:
+    """A latency run's figures: the records never seen count as the worst case."""
+    unseen = max(sent - seen, 0)
+    samples = list(got)
+    out: dict[str, Any] = {"rate": rate, "seconds": seconds, "sent": sent, "seen": seen, "duplicates": duplicates,
+                           "unseen": unseen, "samples": len(got)}
+    if unseen:
+        worst = max(max(got, default=0.0), waited_ms)
+        samples += [worst] * unseen
+        out["unseen_ms"] = round(worst, 1)
+    return {**out, "p50_ms": round(_percentile(samples, 0.50), 1), "p99_ms": round(_percentile(samples, 0.99), 1),
+            "max_ms": round(max(samples), 1) if samples else None}
 
 
 def _tree_cpu_s(root: int) -> dict[str, float]:
@@ -462,11 +559,14 @@ def _measure(bootstrap: str, records: int, size: int, max_offsets: int, guarante
             if copier:
                 row["copier"] = cpu.measure(f"copier-{r}", lambda r=r: run_copier(
                     bootstrap, "bench-in", f"bench-copy-{r}", records, batch))
+                row["copier"].update(check_output(bootstrap, f"bench-copy-{r}", records))
             for g in order:
                 t: dict[str, Any] = {}
                 s = cpu.measure(f"{g}-{r}", lambda g=g, r=r, t=t: run_one(
                     spark, bootstrap, "bench-in", g, work, max_offsets, f"bench-out-{g}-{r}", t))
-                row[g] = {"records": records, "seconds": round(s, 3), "records_per_s": round(records / s)}
+                # outside the clock: what the clock's figure claims is in the output, read_committed
+                row[g] = {"records": records, "seconds": round(s, 3), "records_per_s": round(records / s),
+                          **check_output(bootstrap, f"bench-out-{g}-{r}", records)}
                 timings.setdefault(g, []).append(t)
             row.update(_ratios(row))
             per_round.append(row)
