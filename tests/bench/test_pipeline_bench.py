@@ -137,3 +137,31 @@ def test_records_never_seen_count_as_the_worst_case() -> None:
     assert marks == [("micro-batch 10, exactly_once latency", [
         "10 of 100 records never seen in the output (counted as 120,000 ms)",
         "3 duplicate records read in the output"])]
+
+
+def test_the_pipeline_table_says_which_figures_come_from_which_round() -> None:
+    """Each records/s figure is its column's own median round, each ratio the median of the rounds'
+    own ratios: the table says so and shows the rounds' range, since eo / alo of the figures printed
+    (70,000 / 100,000) is not the ratio column (0.636)."""
+    from rich.console import Console
+
+    from oncelog.bench.report import print_tables
+    from tests.bench.test_bench_parts import fake_doc
+
+    rounds = [{"copier": 100_000, "exactly_once": 95_000, "at_least_once": 60_000, "at_most_once": 70_000},
+              {"copier": 150_000, "exactly_once": 60_000, "at_least_once": 100_000, "at_most_once": 90_000},
+              {"copier": 120_000, "exactly_once": 70_000, "at_least_once": 110_000, "at_most_once": 130_000}]
+    per_round = [{**{k: {"records_per_s": v} for k, v in r.items()},
+                  **pipeline_bench._ratios({k: {"records_per_s": v} for k, v in r.items()})} for r in rounds]
+    point = {"max_offsets": 100, "rounds": per_round, "ratio_eo_vs_alo": 0.636, "ratio_eo_vs_copier": 0.583,
+             "ratio_amo_vs_alo": 1.167, **{k: {"records_per_s": v} for k, v in rounds[2].items()}}
+    cells = pipeline_cells(point)
+    assert cells[5:8] == ["0.583 (0.40-0.95)", "0.636 (0.60-1.58)", "1.167 (0.90-1.18)"]
+    doc = fake_doc()
+    doc["pipeline"] = {"records": 1000, "size": 100, "rounds": 3, "points": [point]}
+    console = Console(record=True, width=400)
+    print_tables(doc, console)
+    text = " ".join(console.export_text().split())
+    assert "each records/s figure is that column's own median round" in text
+    assert "a ratio need not equal the ratio of the figures printed beside it" in text
+    assert "0.636 (0.60-1.58)" in text

@@ -310,7 +310,7 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
         p = Table(title=f"Spark pipeline (oncelog source -> oncelog sink), {pipe['records']:,} records of "
                         f"{pipe['size']} B, {pipe.get('master', 'local[2]')}: records/s per micro-batch size "
                         "(maxOffsetsPerTrigger), beside a single-process transactional copier; latency: "
-                        "produce -> visible read_committed in the output, p50/p99 ms")
+                        "produce -> visible read_committed in the output, p50/p99 ms. " + pipeline_rounds_note(pipe))
         for col in PIPELINE_COLUMNS:
             p.add_column(col, justify="right")
         for point in pipe["points"]:
@@ -346,8 +346,21 @@ RECOVERY_NOTE = ("Our broker restarted after SIGKILL with the whole log unflushe
 
 
 #: Columns of the pipeline table (terminal and HTML): records/s, the three target ratios, latency.
-PIPELINE_COLUMNS = ["micro-batch", "copier", *GUARANTEE_COLORS, "eo / copier", "eo / alo", "amo / alo",
-                    *(f"{g} p50/p99 ms" for g in ("copier", *GUARANTEE_COLORS))]
+PIPELINE_COLUMNS = ["micro-batch", "copier", *GUARANTEE_COLORS, "eo / copier (per round)", "eo / alo (per round)",
+                    "amo / alo (per round)", *(f"{g} p50/p99 ms" for g in ("copier", *GUARANTEE_COLORS))]
+#: The pipeline table's ratio columns, as bench.json names them
+PIPELINE_RATIOS = ("ratio_eo_vs_copier", "ratio_eo_vs_alo", "ratio_amo_vs_alo")
+
+
+def pipeline_rounds_note(pipe: dict[str, Any]) -> str:
+    """Which figures of the pipeline table come from where: they need not agree with each other."""
+    rounds = pipe.get("rounds", 1)
+    if rounds <= 1:
+        return "One round: every figure and ratio of a row from the same round."
+    return (f"{rounds} rounds per micro-batch size: each records/s figure is that column's own median round (the "
+            "columns' medians may come from different rounds); each ratio is the median of the ratios taken within "
+            "each round (copier and guarantees run back to back), the lowest and highest round in brackets, so a "
+            "ratio need not equal the ratio of the figures printed beside it. Every round is in bench.json.")
 
 
 PIPELINE_MARK_NOTE = ("A pipeline figure marked ! : in some round its output, read read_committed when its clock "
@@ -409,11 +422,16 @@ def pipeline_cells(point: dict[str, Any]) -> list[str]:
         got = lat.get(who) or {}
         return f"{_f(got.get('p50_ms'), 0)}/{_f(got.get('p99_ms'), 0)}{mark(who, 'latency')}" if got else "-"
 
+    def ratio_cell(key: str) -> str:
+        """The median of the rounds' own ratios, with their range when there were several rounds."""
+        per_round = [r[key] for r in point.get("rounds", []) if isinstance(r.get(key), (int, float))]
+        spread = f" ({min(per_round):.2f}-{max(per_round):.2f})" if len(per_round) > 1 else ""
+        return _f(point.get(key), 3) + spread
+
     who = ("copier", *GUARANTEE_COLORS)
     figures = [_f(point.get(g, {}).get("records_per_s"), 0) + mark(g, "records/s") for g in who]
-    return [f"{point['max_offsets']:,}", *figures,
-            _f(point.get("ratio_eo_vs_copier"), 3), _f(point.get("ratio_eo_vs_alo"), 3),
-            _f(point.get("ratio_amo_vs_alo"), 3), *[ms(w) for w in who]]
+    return [f"{point['max_offsets']:,}", *figures, *[ratio_cell(key) for key in PIPELINE_RATIOS],
+            *[ms(w) for w in who]]
 
 
 # --- HTML and charts -------------------------------------------------------------------------------
@@ -621,7 +639,7 @@ def write_html(doc: dict[str, Any], out: Path, chart_list: list[tuple[str, str, 
                  "(<code>python -m oncelog.demo.pipeline_bench</code>), beside the anchor: a single-process "
                  "confluent-kafka transactional copier (one transaction per consume call of up to a micro-batch). "
                  "Latency: a fixed-rate producer's record to a read_committed consumer seeing it in the output, "
-                 "p50/p99 in ms.</p>"
+                 f"p50/p99 in ms. {e(pipeline_rounds_note(pipe))}</p>"
                  + _html_table(PIPELINE_COLUMNS,
                                [pipeline_cells(p) if "error" not in p else
                                 [f"{p['max_offsets']:,}", f'<span class="bad">{e(p["error"])}</span>']
