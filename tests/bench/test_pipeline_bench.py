@@ -165,3 +165,38 @@ def test_the_pipeline_table_says_which_figures_come_from_which_round() -> None:
     assert "each records/s figure is that column's own median round" in text
     assert "a ratio need not equal the ratio of the figures printed beside it" in text
     assert "0.636 (0.60-1.58)" in text
+
+
+class FakeTransactionalProducer:
+    def __init__(self, conf: dict[str, Any]) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:  # init_transactions, begin, produce, commit, ...
+        return lambda *_a, **_k: None
+
+
+def test_the_copiers_latency_run_ends_when_the_producer_sent_fewer_than_planned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stamped producer sends at most rate x seconds, often a few fewer; the copier was told to
+    copy exactly that many, never got there, and outlived its run (join(30) timed out)."""
+    import confluent_kafka
+
+    FakeConsumer.batches = []
+    monkeypatch.setattr(confluent_kafka, "Consumer", FakeConsumer)
+    monkeypatch.setattr(confluent_kafka, "Producer", FakeTransactionalProducer)
+    monkeypatch.setattr(pipeline_bench, "create_topic", lambda *_a, **_k: None)
+    monkeypatch.setattr(pipeline_bench, "_stamped_producer",
+                        lambda bs, topic, rate, seconds, size, stop, sent: sent.append(int(rate * seconds) - 3))
+
+    def reader(bs: str, topic: str, since: int, stop: threading.Event, got: list[float], seen: list[int]) -> None:
+        seen[0] = 97  # everything the producer sent
+        got.extend([1.0] * 97)
+        stop.wait()
+
+    monkeypatch.setattr(pipeline_bench, "_latency_consumer", reader)
+    before = set(threading.enumerate())
+    began = time.monotonic()
+    fig = pipeline_bench.measure_latency(None, "-", "copier", None, 100, 1.0, 100, 0)  # type: ignore[arg-type]
+    assert time.monotonic() - began < 10
+    assert (fig["sent"], fig["seen"], fig["unseen"]) == (97, 97, 0)
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]  # no copier left behind

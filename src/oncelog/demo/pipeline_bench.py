@@ -256,10 +256,12 @@ def check_output(bootstrap: str, topic: str, records: int, timeout_s: float = 30
 
 
 def copy_transactional(bootstrap: str, source: str, out: str, records: int, batch: int,
-                       poll_timeout_s: float = 1.0, tag: str = "") -> dict[str, Any]:
+                       poll_timeout_s: float = 1.0, tag: str = "", stop: threading.Event | None = None,
+                       ) -> dict[str, Any]:
     """The anchor: one process, one read_committed consumer and one transactional producer; per
     ``consume`` call of up to ``batch`` records: begin, produce each, send the consumer's
-    positions to the transaction, commit. Stops after ``records`` records."""
+    positions to the transaction, commit. Stops after ``records`` records, or (between two
+    transactions) once ``stop`` is set."""
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     tag = tag or f"{os.getpid()}-{time.time_ns()}"
@@ -273,7 +275,7 @@ def copy_transactional(bootstrap: str, source: str, out: str, records: int, batc
     copied = transactions = 0
     start = time.perf_counter()
     try:
-        while copied < records:
+        while copied < records and not (stop is not None and stop.is_set()):
             msgs = c.consume(num_messages=batch, timeout=poll_timeout_s)
             msgs = [m for m in msgs if m.error() is None]
             if not msgs:
@@ -411,9 +413,11 @@ def measure_latency(spark: Any, bootstrap: str, who: str, work: Path, rate: int,
     q: Any = None
     copier: Any = None
     if who == "copier":
+        # the producer sends at most n (fewer when its last pass comes early): the copier runs until
+        # stopped, with the reader, once every record sent was seen (or the wait ran out)
         n = int(rate * seconds)
         copier = threading.Thread(target=lambda: copy_transactional(
-            bootstrap, src, out, n, copier_batch(max_offsets, n), 0.05), daemon=True)
+            bootstrap, src, out, n, copier_batch(max_offsets, n), 0.05, stop=stop), daemon=True)
     else:
         q = _query(spark, bootstrap, src, out, who, work / f"ck-{tag}", max_offsets, False)
     writer = threading.Thread(target=_stamped_producer, args=(bootstrap, src, rate, seconds, size, done, sent),
@@ -438,6 +442,8 @@ def measure_latency(spark: Any, bootstrap: str, who: str, work: Path, rate: int,
             raise RuntimeError(f"{who}: {exc}")
     if copier is not None:
         copier.join(30)
+        if copier.is_alive():
+            raise RuntimeError("copier: still copying 30 s after the latency run was stopped")
     return latency_figures(rate, seconds, sent[0], seen[0], seen[1], got, waited_ms)
 
 
