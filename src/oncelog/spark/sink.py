@@ -542,7 +542,8 @@ class Spool:
     may hand the rows over in another order; the squares, because CRC32 is linear, so the plain sum
     of CRCs of rows that trade equal-length pieces can agree (``{a-1, b-2}`` and ``{a-2, b-1}`` have
     equal XORs of CRCs). Arrow input: Arrow joins each row's value and key, and the CRCs and sums
-    run in C loops (``map``), about a third of the CPU that producing the rows takes later.
+    run in C loops (``map``) over one bytes object a row: 0.13 s of process CPU per 200,000 rows
+    of 110 bytes, against 0.58 s for the whole task without it (docs/design/spark-sink.md).
     """
 
     CHUNK_ROWS = 4096
