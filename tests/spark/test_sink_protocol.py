@@ -737,3 +737,24 @@ def test_records_that_fail_delivery_are_named_in_the_tasks_error(tmp_path: Any) 
         create_topic(b.bootstrap, "gone", 1)
         assert write_partition(rows, TaskIdentity("q-gone", 0, 0), s).rows == 5  # nothing of the first attempt
         assert sorted(v for _k, v in read_topic(b.bootstrap, "gone")) == [r[1] for r in rows]
+
+
+@pytest.mark.parametrize(("rows", "digest"), [(100, 2), (60, 1), (140, 1)], ids=["same-count", "fewer", "more"])
+def test_fail_on_changed_replay_false_skips_a_replay_that_is_not_the_same_data(
+        rows: int, digest: int, caplog: pytest.LogCaptureFixture) -> None:
+    """A query that is not deterministic (uuid()) replays other rows for a committed batch: by default
+    the task fails, and it failed at every restart; failOnChangedReplay=false skips such a replay with
+    a warning, the batch's committed output standing."""
+    from oncelog.spark import sink
+
+    last = Committed(7, 100, 1)
+    ident = TaskIdentity("q-nd", 7, 0)
+    strict = SinkSettings.from_options({"kafka.bootstrap.servers": "127.0.0.1:1", "topic": "out"})
+    with pytest.raises(RuntimeError, match="failOnChangedReplay=false"):
+        sink._check_replay(last, ident, rows, strict, digest)
+    lenient = SinkSettings.from_options({"kafka.bootstrap.servers": "127.0.0.1:1", "topic": "out",
+                                         "failOnChangedReplay": "false"})
+    with caplog.at_level("WARNING", logger=sink.log.name):
+        assert sink._check_replay(last, ident, rows, lenient, digest) == "replay"
+    assert "failOnChangedReplay=false" in caplog.text
+    assert sink._check_replay(last, ident, 100, strict, 1) == "replay"  # the same data: a replay either way

@@ -48,7 +48,7 @@ SINK_OPTIONS = (
     "topic", "includeHeaders",
     "processing.guarantee", "progress.topic", "progress.partitions", "progress.replicationFactor",
     "transactional.id.prefix", "transaction.timeout.ms", "timeout.ms", "failOnHigherCommittedBatch",
-    "connectTimeoutMs", "reuseTransactionalProducers",
+    "failOnChangedReplay", "connectTimeoutMs", "reuseTransactionalProducers",
 )
 
 DEFAULT_CONNECT_TIMEOUT_MS = 30_000

@@ -151,6 +151,9 @@ class SinkSettings:
     timeout_s: float = 120.0
     progress_replication_factor: int = -1
     fail_on_higher_committed_batch: bool = True
+    #: False: a committed batch whose replay is not the same data (other count or digest) is skipped
+    #: with a warning instead of failing the task (a query known not to be deterministic)
+    fail_on_changed_replay: bool = True
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_MS / 1000
     #: keep a task's transactional producer in its Python worker for the next task of the same sink
     #: partition (see :class:`PooledProducer`); off by default: Spark hands a partition's tasks to
@@ -176,6 +179,7 @@ class SinkSettings:
             timeout_s=(get_int(options, "timeout.ms", 120_000, minimum=1) or 120_000) / 1000,
             progress_replication_factor=_replication_factor(options),
             fail_on_higher_committed_batch=get_bool(options, "failOnHigherCommittedBatch", True),
+            fail_on_changed_replay=get_bool(options, "failOnChangedReplay", True),
             connect_timeout_s=(get_int(options, "connectTimeoutMs", DEFAULT_CONNECT_TIMEOUT_MS, minimum=1)
                                or DEFAULT_CONNECT_TIMEOUT_MS) / 1000,
             reuse_transactional_producers=get_bool(options, "reuseTransactionalProducers", False),
@@ -937,7 +941,8 @@ def _check_replay(last: Committed | None, ident: TaskIdentity, rows: int, settin
     digests existed has none: its count alone is compared). A replay with fewer rows is skipped
     only when an input topic of the query is compacted (``settings.compacted_inputs``): the cleaner
     removed records of the batch's range since it was committed, which Spark treats as normal, and
-    the committed output stands. Anything else is not the same data, and fails the task."""
+    the committed output stands. Anything else is not the same data, and fails the task, unless
+    ``settings.fail_on_changed_replay`` is False (then it is skipped with a warning)."""
     if last is None or last.batch_id < ident.batch_id:
         return ""
     where = (f"sink {settings.sink_id(ident.query_id)} partition {ident.partition_id} "
@@ -967,13 +972,19 @@ def _check_replay(last: Committed | None, ident: TaskIdentity, rows: int, settin
                     "was committed. Skipping the replay; the batch's committed output stands",
                     head, ", ".join(settings.compacted_inputs))
         return "replay"
+    if not settings.fail_on_changed_replay:
+        log.warning("%s: not the same data. Skipping the replay (failOnChangedReplay=false); the batch's committed "
+                    "output stands, and records only the replay has are not written", head)
+        return "replay"
     if rows == last.rows:
         raise RuntimeError(
             f"{head}: as many rows, other records. The records under the batch's input offsets changed since "
             "it was committed (the log lost acknowledged records and others were written at their offsets: "
             "an unclean leader election, a truncated or restored log), or the query is not deterministic "
             "(uuid(), rand() without a seed, an external lookup). Skipping would drop the records only the "
-            "replay has, and writing would repeat the others, so the sink stops here.")
+            "replay has, and writing would repeat the others, so the sink stops here. A query that is not "
+            "deterministic may set failOnChangedReplay=false to skip such replays (their output stays as "
+            "first written).")
     why = ("fewer rows: records of its input are gone, and no input topic was found compacted (the sink looks "
            "for the topics in the checkpoint's offset log, option checkpointLocation on a local file system, "
            "and asks the sink's cluster for their cleanup.policy), so they may have been replaced by others"
@@ -981,7 +992,8 @@ def _check_replay(last: Committed | None, ident: TaskIdentity, rows: int, settin
     raise RuntimeError(
         f"{head}: {why}. The replay is not the same data (the input changed under the batch's offsets, "
         "failOnDataLoss=false with records removed by retention, a non-deterministic expression such as "
-        "uuid(), or changed partitioning), so neither skipping nor writing it again would be exactly once.")
+        "uuid(), or changed partitioning), so neither skipping nor writing it again would be exactly once. "
+        "failOnChangedReplay=false skips such replays (the output stays as first written).")
 
 
 def write_partition(records: Iterable[OutRecord] | ArrowRecords, ident: TaskIdentity, settings: SinkSettings,
