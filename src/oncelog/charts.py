@@ -19,6 +19,7 @@ import io
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
@@ -442,12 +443,23 @@ def timeline(title: str, rows: Sequence[str], *, spans: Sequence[Span] = (), poi
     return _png(fig, canvas, areas)
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float:
+def _exact(q: float | Fraction) -> Fraction:
+    """``q`` as the decimal it is written as: 99.9 is 999/10, not the binary float just above it."""
+    return Fraction(repr(q)) if isinstance(q, float) else Fraction(q)
+
+
+def nearest_rank(n: int, q: float | Fraction) -> int:
+    """The 1-based rank of the q-th percentile (0-100) of ``n`` values, nearest rank: the smallest
+    ``r`` with ``r / n >= q / 100``, between 1 and ``n``. In exact arithmetic: ``ceil(99.9 / 100 * n)``
+    in floats is one rank high whenever n is a multiple of 1,000 (99.9 / 100 * 2000 = 1998.0000000000002)."""
+    return min(max(math.ceil(_exact(q) * n / 100), 1), n)
+
+
+def percentile(sorted_values: Sequence[float], q: float | Fraction) -> float:
     """The q-th percentile (0-100) of already sorted values, nearest rank (nan when empty)."""
     if not sorted_values:
         return math.nan
-    rank = max(math.ceil(q / 100 * len(sorted_values)), 1)
-    return float(sorted_values[min(rank, len(sorted_values)) - 1])
+    return float(sorted_values[nearest_rank(len(sorted_values), q) - 1])
 
 
 TABLE_QUANTILES = (0.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95, 99.99, 100.0)
@@ -455,10 +467,11 @@ TABLE_QUANTILES = (0.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95, 99.99, 
 
 def quantile_table(samples: Sequence[float]) -> list[tuple[float, float]]:
     """(percentile, value) at the percentiles that ``samples`` can tell apart (99.9% needs at least
-    1,000 samples), and the maximum."""
+    1,000 samples: n * (100 - q) >= 100, exactly), and the maximum."""
     ordered = sorted(samples)
     n = len(ordered)
-    return [(q, percentile(ordered, q)) for q in TABLE_QUANTILES if n and (q in (0.0, 100.0) or n * (1 - q / 100) >= 1)]
+    return [(q, percentile(ordered, q)) for q in TABLE_QUANTILES
+            if n and (q in (0.0, 100.0) or n * (100 - _exact(q)) >= 100)]
 
 
 def quantile_chart(title: str, tables: Mapping[str, Sequence[tuple[float, float]]], *, ylabel: str = "ms (log scale)",

@@ -60,9 +60,11 @@ import sys
 import tempfile
 import threading
 import time
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from oncelog.charts import percentile
 from oncelog.spark import OncelogDataSource
 from oncelog.spark.sink import KafkaStreamWriter
 from oncelog.testing.broker_process import create_topic, oncelog_broker
@@ -387,8 +389,8 @@ def _latency_consumer(bootstrap: str, topic: str, since_ns: int, stop: threading
 
 
 def _percentile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+    """The ``q``-quantile (0-1) of ``xs``, nearest rank (``charts.nearest_rank``; nan when empty)."""
+    return percentile(sorted(xs), Fraction(repr(q)) * 100)
 
 
 def measure_latency(spark: Any, bootstrap: str, who: str, work: Path, rate: int, seconds: float, size: int,
