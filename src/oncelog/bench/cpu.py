@@ -8,6 +8,7 @@ line minus idle and iowait). Both are sampled around a run; elsewhere than Linux
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -39,7 +40,19 @@ def machine_cpu_s() -> tuple[float, float]:
     return (total - idle) / _TICK, total / _TICK
 
 
+@functools.cache
+def machine_cpus() -> int:
+    """The CPUs ``/proc/stat`` counts (its ``cpuN`` lines): those whose time ``machine_cpu_s`` sums,
+    which under taskset or a cpuset are more than this process may run on (``cpu_count``)."""
+    try:
+        with open("/proc/stat") as f:
+            return sum(1 for line in f if line.startswith("cpu") and line[3:4].isdigit()) or cpu_count()
+    except OSError:
+        return cpu_count()
+
+
 def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
@@ -78,7 +91,8 @@ class CpuUse:
         total = b.machine_total_s - a.machine_total_s
         busy = b.machine_busy_s - a.machine_busy_s
         machine = busy / total * 100 if total > 0 else 0.0
-        # busy core-seconds over the window, minus ours, as % of one core
-        others = max(busy / max(total, 1e-9) * cpu_count() * 100 - broker - clients, 0.0) if total > 0 else 0.0
+        # busy core-seconds over the window, minus ours, as % of one core: the busy share is of every
+        # CPU /proc/stat counts, whatever this process's affinity
+        others = max(busy / max(total, 1e-9) * machine_cpus() * 100 - broker - clients, 0.0) if total > 0 else 0.0
         return cls(round(broker, 1), round(clients, 1), round(max(clients_cpu_s, default=0) / seconds * 100, 1),
                    round(machine, 1), round(others, 1))

@@ -225,11 +225,11 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
     t = Table(title=f"oncelog bench ({cond['mode']}): {plan['size']} B records, {plan['partitions']} partitions, "
                     f"{plan['processes']} client processes, librdkafka {cond['librdkafka']}",
               caption="CPU: % of one core over the run (clients: all client processes; others: the rest of the "
-                      f"machine, {cond['cpus']} cores). Latency p50 / p99 / p99.9 in ms at fixed rates, the same "
-                      "for both brokers (a fraction of the lower peak); produce rows: acknowledgement, consume "
-                      "rows: produce-to-consume. MB/s marked ! : some records were not acknowledged within "
-                      "60 s (message.timeout.ms): the broker fell behind. " + MARK_NOTE + " " + repeats_note(plan)
-                      + " " + client_priority_note(plan))
+                      f"machine, {cond.get('machine_cpus', cond['cpus'])} cores). Latency p50 / p99 / p99.9 in ms at "
+                      "fixed rates, the same for both brokers (a fraction of the lower peak); produce rows: "
+                      "acknowledgement, consume rows: produce-to-consume. MB/s marked ! : some records were not "
+                      "acknowledged within 60 s (message.timeout.ms): the broker fell behind. " + MARK_NOTE + " "
+                      + repeats_note(plan) + " " + client_priority_note(plan))
     for col, justify in [("workload", "left"), ("broker", "left"), ("MB/s", "right"), ("records/s", "right"),
                          ("vs tansu" if "tansu" in names else "", "right"), ("rec/batch", "right"),
                          ("CPU broker", "right"), ("CPU clients", "right"), ("CPU others", "right"),
@@ -319,6 +319,14 @@ def print_tables(doc: dict[str, Any], console: Any) -> None:
                 continue
             p.add_row(*pipeline_cells(point))
         console.print(p)
+        good = [point for point in pipe["points"] if "error" not in point]
+        if any(point.get("cpu_s") for point in good):
+            pc = Table(title=PIPELINE_CPU_NOTE)
+            for col in PIPELINE_CPU_COLUMNS:
+                pc.add_column(col, justify="right")
+            for point in good:
+                pc.add_row(*pipeline_cpu_cells(point))
+            console.print(pc)
         marked = pipeline_marks(pipe)
         if marked:
             console.print(f"[bold]Pipeline figures marked ![/bold] {PIPELINE_MARK_NOTE}")
@@ -348,6 +356,24 @@ RECOVERY_NOTE = ("Our broker restarted after SIGKILL with the whole log unflushe
 #: Columns of the pipeline table (terminal and HTML): records/s, the three target ratios, latency.
 PIPELINE_COLUMNS = ["micro-batch", "copier", *GUARANTEE_COLORS, "eo / copier (per round)", "eo / alo (per round)",
                     "amo / alo (per round)", *(f"{g} p50/p99 ms" for g in ("copier", *GUARANTEE_COLORS))]
+#: Columns of the pipeline's CPU table (terminal and HTML).
+PIPELINE_CPU_COLUMNS = ["micro-batch", *(f"{g} broker/pipeline" for g in ("copier", *GUARANTEE_COLORS))]
+PIPELINE_CPU_NOTE = ("Spark pipeline: where the CPU went, in % of one core over each column's timed runs (every "
+                     "round): the broker's / the pipeline side's (Spark's JVM and Python workers; for the copier, "
+                     "its process).")
+
+
+def pipeline_cpu(point: dict[str, Any], who: str) -> str:
+    """``who``'s CPU over its timed runs of every round (``cpu_s`` phases ``{who}-{round}``), as
+    "broker/pipeline" in % of one core; "-" without figures."""
+    phases = [v for k, v in (point.get("cpu_s") or {}).items()
+              if k.rpartition("-")[0] == who and k.rpartition("-")[2].isdigit()]
+    wall = sum(v.get("wall_s", 0.0) for v in phases)
+    if not wall:
+        return "-"
+    broker = sum(v.get("broker_cpu_s", 0.0) for v in phases)
+    side = sum(v.get("clients_cpu_s", 0.0) for v in phases)
+    return f"{broker / wall * 100:.0f}/{side / wall * 100:.0f}" if broker else f"-/{side / wall * 100:.0f}"
 #: The pipeline table's ratio columns, as bench.json names them
 PIPELINE_RATIOS = ("ratio_eo_vs_copier", "ratio_eo_vs_alo", "ratio_amo_vs_alo")
 
@@ -434,6 +460,10 @@ def pipeline_cells(point: dict[str, Any]) -> list[str]:
             *[ms(w) for w in who]]
 
 
+def pipeline_cpu_cells(point: dict[str, Any]) -> list[str]:
+    return [f"{point['max_offsets']:,}", *[pipeline_cpu(point, w) for w in ("copier", *GUARANTEE_COLORS)]]
+
+
 # --- HTML and charts -------------------------------------------------------------------------------
 
 def _target_charts(name: str, curve: dict[str, Any], names: list[str], fraction: float,
@@ -506,13 +536,14 @@ def make_charts(doc: dict[str, Any]) -> list[tuple[str, str, Chart]]:
                 broker_cpu.append(thr["cpu"]["broker_pct"])
                 client_cpu.append(thr["cpu"]["clients_pct"])
                 other_cpu.append(thr["cpu"]["others_pct"])
+    machine = doc["conditions"].get("machine_cpus", doc["conditions"]["cpus"])
     if cpu_labels:
         out.append(("cpu", "rows", charts.stacked_bar_chart(
             "Where the CPU went during each throughput run (% of one core)", cpu_labels,
             {"broker": broker_cpu, "clients": client_cpu, "everyone else on the machine": other_cpu},
             ylabel="% of one core", colors={"broker": "#0072B2", "clients": "#009E73",
                                             "everyone else on the machine": "#BBBBBB"},
-            hline=doc["conditions"]["cpus"] * 100, hline_label=f"all {doc['conditions']['cpus']} cores",
+            hline=machine * 100, hline_label=f"all {machine} cores",
             width_px=1100, height_px=420)))
     lat_groups: dict[str, list[float | None]] = {}
     for f in fractions:
@@ -646,7 +677,10 @@ def write_html(doc: dict[str, Any], out: Path, chart_list: list[tuple[str, str, 
                                 for p in pipe["points"]])
                  + ("" if not pipeline_marks(pipe) else f"<p>{e(PIPELINE_MARK_NOTE)}</p><ul>" + "".join(
                      f"<li>! <b>{e(where)}</b>: {e('; '.join(why))}</li>" for where, why in pipeline_marks(pipe))
-                    + "</ul>"))
+                    + "</ul>")
+                 + f"<p>{e(PIPELINE_CPU_NOTE)}</p>"
+                 + _html_table(PIPELINE_CPU_COLUMNS,
+                               [pipeline_cpu_cells(p) for p in pipe["points"] if "error" not in p]))
     marked = marked_latencies(doc)
     marked_html = ("" if not marked else f"<p>{e(MARK_NOTE)}</p><ul>" + "".join(
         f"<li>! <b>{e(where)}</b>: {e('; '.join(why))}</li>" for where, why in marked) + "</ul>")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from oncelog.bench.clients import BenchError, ClientPool, Job, RunResult
-from oncelog.bench.cpu import CpuSample, CpuUse, cpu_count
+from oncelog.bench.cpu import CpuSample, CpuUse, cpu_count, machine_cpus
 from oncelog.charts import quantile_table
 from oncelog.testing.broker_process import BrokerProcess
 
@@ -557,7 +557,7 @@ def conditions(plan: Plan, brokers: list[Broker]) -> dict[str, Any]:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "mode": "quick" if plan.quick else "full",
-        "cpus": cpu_count(), "load_average_1_5_15": [round(x, 2) for x in load],
+        "cpus": cpu_count(), "machine_cpus": machine_cpus(), "load_average_1_5_15": [round(x, 2) for x in load],
         "machine": platform.machine(), "python": platform.python_version(),
         "librdkafka": confluent_kafka.libversion()[0], "confluent_kafka": confluent_kafka.version()[0],
         "plan": {k: v for k, v in asdict(plan).items() if k != "rows"},
