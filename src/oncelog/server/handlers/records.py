@@ -4,7 +4,12 @@ DeleteRecords moves a partition's log start offset (``PartitionLog.delete_record
 ``log-start-offset`` before any segment is deleted) and answers the new low watermark. As Kafka:
 offset -1 means the high watermark, an offset past the high watermark (or below -1) is
 OFFSET_OUT_OF_RANGE, internal topics are INVALID_TOPIC_EXCEPTION, a topic whose cleanup.policy has
-no ``delete`` is POLICY_VIOLATION, and it needs DELETE on the topic. A single node has no followers
+no ``delete`` is POLICY_VIOLATION, and it needs DELETE on the topic. The high watermark is the one
+clients see (``PartitionLog.readable_end``): where every append must be durable first
+(flush_every_append, flush.messages=1) it is what is fsynced, as Kafka's moves only after the flush
+inside the append. (Until 2026-11-28 an offset up to the log end was taken: Fetch said high
+watermark 3, DeleteRecords(t-0, 4) answered low watermark 4, and a power cut then took offset 3
+and left the log start past the log end; probe s37, ``s9_deleterecords_bound.py``.) A single node has no followers
 to wait for, so the answer is immediate (the request's timeout is not used).
 
 DescribeLogDirs (DESCRIBE on the cluster) reports the one data directory: each partition's size
@@ -57,8 +62,13 @@ def handle_delete_records(broker: Broker, req: Request) -> dict[str, Any]:
             elif not _deletes(plog.config.cleanup_policy):
                 entry["error_code"] = ErrorCode.policy_violation
             else:
-                offset = plog.readable_end if p.offset == HIGH_WATERMARK else p.offset
+                high_watermark = plog.readable_end
+                offset = high_watermark if p.offset == HIGH_WATERMARK else p.offset
                 try:
+                    if offset > high_watermark:  # the log end bounds ``delete_records`` itself
+                        raise storage_errors.OffsetOutOfRangeError(
+                            f"Cannot increment the log start offset to {offset} of partition {t.name}-"
+                            f"{p.partition_index} since it is larger than the high watermark {high_watermark}")
                     before = plog.log_start_offset
                     entry["low_watermark"] = plog.delete_records(offset)
                     if entry["low_watermark"] != before:
