@@ -21,7 +21,14 @@ was not fsynced, as a power cut would. Each round:
    the broker fsynced. Cut styles: ``commit`` (right after a commit acknowledgement, producers still
    running), ``busy`` (a random moment while producers run), ``idle`` (producers stopped, the cut
    0.2-2.5 s after the last acknowledgement, plain or transactional, so a background flush is in
-   progress or done); ``fsync`` (LazyFS itself crashes right before/after an fsync of one file). The
+   progress or done); ``fsync`` (LazyFS itself crashes right before/after an fsync of one file);
+   ``kill`` (only with ``--cut kill``, not among the random styles, so that a seed's other rounds
+   stay as they were): a process crash first -- SIGKILL, the producers halted, the broker restarted
+   on the same mount, whose LazyFS page cache still holds every write it had not fsynced, which
+   recovery reads back -- then, the loss window and 0.5-2.5 s later (several flushes), the cut; its
+   brokers run with 16 KiB segments (unless ``--broker-arg`` sets ``--segment-bytes``). What
+   recovery read back must have been fsynced before any flush moved a recovery point past it (probe
+   s37, ``s4_kill_then_cut.py``). The
    plain producer is stopped like the transactional ones (``Workload.halt``, after the restart, or
    before an idle cut): it waits up to ``--txn-timeout-s`` for its outstanding reports, then purges
    the rest; its bootstrap is the old broker's port, so it never reaches the restarted broker;
@@ -43,11 +50,12 @@ Checks (a violation makes the exit status 1; 2 means the harness itself could no
   transactions in the default mode is counted as ``lost (allowed)``, and only one acknowledged more
   than ``--loss-window-ms`` before the cut is ``lost-old``, a violation;
 - ``lso-stuck``: the sentinel commits and a read_committed consumer reaches it on every partition;
-- ``lost-acked-plain`` (``every-append`` only, where the broker fsyncs before it acknowledges): every
-  acknowledged plain value is visible (judged on a partition read to the sentinel, or where a later
-  plain value is visible). In the default mode a plain acknowledgement promises no
-  durability: acknowledged plain values lost after the last visible one are only counted
-  (``plain lost, allowed``);
+- ``lost-acked-plain`` (``every-append`` only, where the broker fsyncs before it acknowledges, and
+  ``kill`` rounds in both modes, whose values were all acknowledged more than the loss window before
+  the cut): every acknowledged plain value is visible (judged on a partition read to the sentinel,
+  or where a later plain value is visible). Otherwise, in the default mode, a plain acknowledgement
+  promises no durability: acknowledged plain values lost after the last visible one are only
+  counted (``plain lost, allowed``);
 - ``duplicate-plain``: no plain value is visible twice;
 - ``gap-plain`` (both modes): per partition, the visible plain values, in offset order, are exactly
   k = 1, 2, ..., K for some K: nothing sent before a visible value is missing, nothing out of order.
@@ -100,6 +108,7 @@ from oncelog.testing.broker_process import BrokerProcess, create_topic, free_por
 
 MODES = ("background", "every-append")
 CUT_STYLES = ("commit", "busy", "idle", "fsync")
+KILL_SEGMENT_BYTES = 16_384  # kill rounds' segment.bytes, unless --broker-arg sets --segment-bytes
 VIOLATIONS = ("restart", "aborted-read", "torn", "duplicate", "lost-acked", "lost-old", "lso-stuck", "foreign",
               "lost-acked-plain", "duplicate-plain", "gap-plain")
 PLAIN_PREFIX = "pl|"  # plain values: parse_value (transactional values, "pc|...") returns None for them
@@ -635,6 +644,13 @@ def run_round(opts: argparse.Namespace, mode: str, round_no: int, workroot: Path
     fs = LazyFS(opts.lazyfs, workdir, workdir / "backing", workdir / "mnt", opts.cache_mb)
     broker: BrokerProcess | None = None
     logger = client_logger(workdir / "clients.log")
+    # the round's first random choice (nothing before it draws from rng)
+    styles = CUT_STYLES if opts.cut == "random" else tuple(opts.cut.split(","))
+    style = rng.choice(styles) if opts.cut == "random" else styles[(round_no - 1) % len(styles)]
+    if style == "kill" and not any(a.startswith("--segment-bytes") for a in opts.broker_arg):
+        # small segments: recovery then reads back segments the kill left rolled and unflushed
+        opts = argparse.Namespace(**{**vars(opts), "broker_arg": [*opts.broker_arg,
+                                                                   f"--segment-bytes={KILL_SEGMENT_BYTES}"]})
     try:
         fs.mount()
         data_dir = fs.mountpoint / "data"
@@ -648,10 +664,10 @@ def run_round(opts: argparse.Namespace, mode: str, round_no: int, workroot: Path
         partitions = [(t, p) for t in topics for p in range(opts.partitions)]
 
         # --- workload, then the cut ---
-        styles = CUT_STYLES if opts.cut == "random" else tuple(opts.cut.split(","))
-        style = rng.choice(styles) if opts.cut == "random" else styles[(round_no - 1) % len(styles)]
         warmup = rng.uniform(opts.min_run_s, opts.max_run_s)
         idle_delay = rng.uniform(0.2, 2.5)
+        # drawn from their own generator, as the plain values' below
+        kill_wait = random.Random(seed * 11 + 5).uniform(0.5, 2.5) + opts.loss_window_ms / 1000
         fsync_targets = {**{f"{t}-{p}": rf"/{t}-{p}/[0-9]+\.log" for t, p in partitions},
                          "txnlog": r"/__transaction_state-[0-9]+/[0-9]+\.log",
                          "snapshot": "/producer-state",  # its offset is the recovery point
@@ -672,8 +688,21 @@ def run_round(opts: argparse.Namespace, mode: str, round_no: int, workroot: Path
             work.halt(opts.txn_timeout_s + 5)
             time.sleep(max(0.0, work.last_any_ack + idle_delay - time.monotonic()))
             res.cut = f"idle {idle_delay:.1f}s"
-        crashed = False
-        if style == "fsync" and not opts.no_power_cut:
+        crashed = killed = False
+        if style == "kill":
+            # a process crash, a restart on the page cache it left, flushes, then the cut below
+            broker.kill()
+            killed = True
+            work.stop.set()
+            work.halt(opts.txn_timeout_s + 5)  # every outcome known; nothing reaches the restarted broker
+            try:
+                broker = start_broker(opts, mode, data_dir, workdir / "broker-1k.log", avoid_port=broker.port)
+                time.sleep(kill_wait)
+            except (RuntimeError, TimeoutError) as exc:
+                res.add("restart", f"the broker did not restart after the kill: {exc}\n"
+                                   f"{tail(workdir / 'broker-1k.log')}")
+            res.cut = f"kill, {kill_wait:.1f}s, cut"
+        elif style == "fsync" and not opts.no_power_cut:
             fs.arm_crash(fsync_timing, fsync_targets[fsync_target])
             crashed = fs.wait_exit(opts.fsync_wait_s)
             res.cut = f"{fsync_timing} fsync {fsync_target}" if crashed else f"fsync {fsync_target} missed"
@@ -719,7 +748,7 @@ def run_round(opts: argparse.Namespace, mode: str, round_no: int, workroot: Path
             txn_visible = {tp: [(o, v) for o, v in records if not v.startswith(PLAIN_PREFIX)]
                            for tp, records in visible.items()}
             check(res, txns, txn_visible, complete, mode, cut_at, opts)
-            check_plain(res, plain, plain_visible, complete, mode, cut_at, opts)
+            check_plain(res, plain, plain_visible, complete, mode, cut_at, opts, acked_durable=killed)
         else:
             count_txns(res, txns)
             count_plain(res, plain)
@@ -937,11 +966,13 @@ def count_plain(res: RoundResult, plain: list[PlainRecord]) -> None:
 
 
 def check_plain(res: RoundResult, plain: list[PlainRecord], visible: dict[tuple[str, int], list[tuple[int, str]]],
-                complete: set[tuple[str, int]], mode: str, cut_at: float, opts: argparse.Namespace) -> None:
+                complete: set[tuple[str, int]], mode: str, cut_at: float, opts: argparse.Namespace, *,
+                acked_durable: bool = False) -> None:
     """Judge the plain values read after the restart (``visible``: per partition, (offset, value) in offset
     order) against the delivery reports. See the module docstring: duplicate-plain and gap-plain in both
-    modes, lost-acked-plain in every-append mode; an acknowledged value missing after the last visible
-    one is judged only on a partition read to the sentinel (``complete``)."""
+    modes, lost-acked-plain in every-append mode, and in both with ``acked_durable`` (a kill round: every
+    acknowledgement came more than the loss window before the cut); an acknowledged value missing after
+    the last visible one is judged only on a partition read to the sentinel (``complete``)."""
     count_plain(res, plain)
     add = finding_adder(res, opts)
     sent: dict[tuple[str, int], dict[int, PlainRecord]] = {}
@@ -978,10 +1009,12 @@ def check_plain(res: RoundResult, plain: list[PlainRecord], visible: dict[tuple[
                 continue
             acked = (f"acknowledged at offset {rec.offset} {(cut_at - rec.acked_at) * 1000:.0f} ms before the cut"
                      if rec.status == "acked" and rec.acked_at is not None else rec.status)
-            if rec.status == "acked" and mode == "every-append" and (n < top or tp in complete):
+            if rec.status == "acked" and (mode == "every-append" or acked_durable) and (n < top or tp in complete):
                 res.lost_acked_plain += 1
-                add("lost-acked-plain", f"{name}: {rec.value!r} {acked} is not visible (fsynced before its "
-                                        f"acknowledgement in {mode}); last plain value visible there: {last}")
+                why = f"fsynced before its acknowledgement in {mode}" if mode == "every-append" else \
+                    "acknowledged before a kill, flushed after the restart"
+                add("lost-acked-plain", f"{name}: {rec.value!r} {acked} is not visible ({why}); "
+                                        f"last plain value visible there: {last}")
             elif n < top and rec.status != "failed":
                 res.plain_gaps += 1
                 add("gap-plain", f"{name}: {rec.value!r} ({acked}) is missing below the visible {last}")
@@ -1098,7 +1131,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="background mode: committed transactions acknowledged longer than this before the cut "
                          "must survive (default: 2 flush intervals + 1500)")
     ap.add_argument("--cut", default="random",
-                    help="cut style: random, or a comma list of commit,busy,idle,fsync used in turn")
+                    help="cut style: random (commit, busy, idle, fsync), or a comma list of "
+                         "commit,busy,idle,fsync,kill used in turn")
     ap.add_argument("--fsync-wait-s", type=float, default=4.0,
                     help="fsync cut: how long to wait for the armed fsync before cutting anyway")
     ap.add_argument("--producers", type=int, default=3)
