@@ -11,6 +11,7 @@ answers a diverging epoch when the fetcher's last fetched epoch ended before its
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -172,6 +173,77 @@ class _Fetch(NamedTuple):
     denied: frozenset[str]
 
 
+def _position_of(plog: Any, offset: int, nowait: bool) -> tuple[int, int] | None:
+    """(base offset of a segment, byte position in it) where a read of ``plog`` from ``offset``
+    starts: the batch holding ``offset`` (or the first after it), or where the next append goes
+    when none does (Kafka's ``LogOffsetMetadata``). Two such positions in one segment tell how many
+    bytes lie between two offsets without reading them (Kafka's ``positionDiff``); in two segments
+    they cannot. None outside [log start, log end]. Costs a binary search over the segments, an
+    index lookup and at most an index interval of batch headers (none at the log end); ``nowait``
+    as ``read_view``."""
+    if offset < plog.log_start_offset or offset > plog.log_end_offset:
+        return None
+    segs = plog.segments
+    if offset < plog.log_end_offset:
+        for i in range(max(bisect.bisect_right(segs, offset, key=_base_offset) - 1, 0), len(segs)):
+            found = segs[i].find_position(offset, nowait)
+            if found is not None:
+                return segs[i].base_offset, found[0]
+    active = segs[-1]
+    return active.base_offset, active.size
+
+
+def _base_offset(seg: Any) -> int:
+    return int(seg.base_offset)
+
+
+class _Available:
+    """What a waiting fetch could return now, counted from positions in the logs and not read
+    (Kafka's ``DelayedFetch.tryComplete``): per partition, the bytes from its fetch offset's batch
+    to its visible end (the LSO under read_committed), at most its ``partition_max_bytes``. The
+    count only decides when the fetch reads (once: when it reaches ``min_bytes``, or at the
+    deadline): an append then costs the waiting fetch an index lookup per partition at most, not
+    a read of everything since its offset. Where bytes cannot tell (a partition gone, its log start
+    past the fetch offset, the visible end in a later segment than the fetch offset, pages not in
+    memory), the fetch reads at once, as Kafka completes in those cases."""
+
+    def __init__(self, f: _Fetch) -> None:
+        self.read_committed = f.isolation_level == READ_COMMITTED
+        self.wanted = [(fp.fetch_offset, fp.partition_max_bytes) for ft in f.body.topics for fp in ft.partitions]
+        # per partition: (log, segment base, position) of the fetch offset, found once
+        self._starts: list[tuple[Any, int, int] | None] = [None] * len(self.wanted)
+
+    def enough(self, broker: Broker, partitions: list[tuple[str, int]], min_bytes: int) -> bool:
+        total = 0
+        nowait = log_segment.nowait_reads
+        try:
+            for i, (topic, index) in enumerate(partitions):
+                plog = broker.logs.get_partition(topic, index)
+                fetch_offset, max_bytes = self.wanted[i]
+                if plog is None or fetch_offset < plog.log_start_offset:
+                    return True  # a read answers the error
+                end = plog.visible_end(self.read_committed)
+                if end <= fetch_offset:
+                    continue
+                end_at = _position_of(plog, end, nowait)
+                start = self._starts[i]
+                if start is None or start[0] is not plog or end_at is None or start[1] != end_at[0]:
+                    # first count, or the end moved to another segment (a roll at the fetch offset
+                    # puts its batch in the new one)
+                    at = _position_of(plog, fetch_offset, nowait)
+                    if at is None:
+                        return True
+                    start = self._starts[i] = (plog, at[0], at[1])
+                if end_at is None or start[1] != end_at[0]:
+                    return True
+                total += min(end_at[1] - start[2], max_bytes)
+                if total >= min_bytes:
+                    return True
+        except ReadWouldBlock:
+            return True  # cold pages: the read fetches them off the loop
+        return False
+
+
 def handle_fetch(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     """Answered at once when the first read finds every page in memory and is enough (``min_bytes``
     reached, an error, no wait asked, no partition); otherwise the rest of the fetch (pages read off
@@ -212,30 +284,30 @@ async def _fetch_rest(broker: Broker, req: Request, f: _Fetch,
                       first: tuple[list[dict[str, Any]], int, bool] | None,
                       cold: ReadWouldBlock | None, ends: list[Any] | None) -> dict[str, Any]:
     """The fetch after its first read: that read's result (``first``) and what it saw
-    (``_visible_ends`` taken with it), or the cold pages it stopped at (``cold``). Reads again off
-    the loop where pages are cold, and waits for appends that move what this fetch may return,
-    until ``min_bytes`` or the deadline. What moved between the first read and this task's start
-    counts as an append during the wait (Kafka's tryCompleteElseWatch checks again once watching)."""
+    (``_visible_ends`` taken with it), or the cold pages it stopped at (``cold``). Reads off the
+    loop where pages are cold; then, if that read was not enough, waits for appends and reads once
+    more: when what it could return reaches ``min_bytes`` (counted, not read: ``_Available``) or at
+    the deadline. What moved between the first read and this task's start counts as an append
+    during the wait (Kafka's tryCompleteElseWatch checks again once watching)."""
     partitions = f.partitions
-    while True:
-        if first is None:
-            first = await _read_off_loop_if_cold(broker, f.body, f.isolation_level, f.max_bytes, f.denied, cold)
-            ends = _visible_ends(broker, partitions, f.isolation_level)  # with the read: no await between
-            cold = None
-        topics_out, total, errored = first
-        first = None
-        remaining_s = f.deadline - time.monotonic()
-        if total >= f.min_bytes or errored or remaining_s <= 0 or not partitions:
-            break
+    if first is None:
+        first = await _read_off_loop_if_cold(broker, f.body, f.isolation_level, f.max_bytes, f.denied, cold)
+        ends = _visible_ends(broker, partitions, f.isolation_level)  # with the read: no await between
+    topics_out, total, errored = first
+    remaining_s = f.deadline - time.monotonic()
+    if total >= f.min_bytes or errored or remaining_s <= 0 or not partitions:
+        return _answer(broker, req, topics_out, total)
+    available = _Available(f)
+    while remaining_s > 0:
         # An append that moves nothing this fetch may return (an open transaction's records,
-        # under read_committed) is no reason to read every partition again.
-        while _visible_ends(broker, partitions, f.isolation_level) == ends:
-            await broker.wait_for_append(partitions, remaining_s)
-            remaining_s = f.deadline - time.monotonic()
-            if remaining_s <= 0:
+        # under read_committed) is not even counted.
+        now = _visible_ends(broker, partitions, f.isolation_level)
+        if now != ends:
+            ends = now
+            if available.enough(broker, partitions, f.min_bytes):
                 break
-        if time.monotonic() >= f.deadline:
-            topics_out, total, errored = await _read_off_loop_if_cold(broker, f.body, f.isolation_level,
-                                                                     f.max_bytes, f.denied)
-            break
+        await broker.wait_for_append(partitions, remaining_s)
+        remaining_s = f.deadline - time.monotonic()
+    topics_out, total, errored = await _read_off_loop_if_cold(broker, f.body, f.isolation_level,
+                                                             f.max_bytes, f.denied)
     return _answer(broker, req, topics_out, total)
