@@ -22,6 +22,11 @@ Invariants:
   transaction holds an older pending offset is not overwritten when the transaction commits (the
   group would otherwise go back and re-read). A checkpoint's records carry the original
   ``record_offset`` in their value, so replay after a checkpoint compares the same positions.
+- A committed offset replayed from a value of a version before 2ad1559 (``rec.ORDER_UNKNOWN``: no
+  ``record_offset``; an old checkpoint may have re-appended an older commit after a pending offset)
+  counts as older than every record: a COMMIT marker meeting it applies, as the version that wrote
+  it did; a checkpoint writes it back as such, and the next regular commit of its partition
+  replaces it. A pending offset is never rewritten, so its own record orders it, whatever version.
 """
 
 from __future__ import annotations
@@ -121,11 +126,13 @@ class OffsetMetadataManager:
         """Apply one offset record found at ``record_offset`` in the group's offsets partition (None,
         for callers without a log: one past the last record replayed, i.e. records count in replay
         order). The offset is held with its ``record_offset``: the value's own when it has one (a
-        checkpoint's rewrite of an older commit), else the record's position."""
+        checkpoint's rewrite of an older commit, or ``rec.ORDER_UNKNOWN`` for a committed offset of
+        an old version), else the record's position (a pending offset is never a rewrite)."""
         if record_offset is None:
             record_offset = self.last_record_offset + 1
         self.last_record_offset = max(self.last_record_offset, record_offset)
-        if value is not None and value.record_offset < 0:
+        if value is not None and (value.record_offset == rec.NOT_REPLAYED
+                                  or (transactional and value.record_offset == rec.ORDER_UNKNOWN)):
             value = dataclasses.replace(value, record_offset=record_offset)
         if transactional:
             if value is not None:
@@ -146,7 +153,8 @@ class OffsetMetadataManager:
         """The producer's COMMIT/ABORT marker reached the offsets partition: apply or drop its pending
         offsets. A committed one replaces the partition's committed offset only if its record is the
         newer (Kafka's replayEndTransactionMarker): an OffsetCommit written after it, while the
-        transaction was open, stays."""
+        transaction was open, stays. A committed offset of unknown order (``rec.ORDER_UNKNOWN``, below
+        every record) is always replaced, as the old version that wrote it replaced it."""
         pending = self.pending.pop(producer_id, None)
         if not pending or not commit:
             return
@@ -188,6 +196,8 @@ class OffsetMetadataManager:
     def snapshot_records(self, group_id: str) -> list[Record]:
         """The newest record of each committed offset of the group (pending ones stay in the log), each
         value with the ``record_offset`` of the record that committed it: written at a higher offset,
-        it still orders as that record against a pending transactional offset below it."""
+        it still orders as that record against a pending transactional offset below it. Every value
+        carries one (each was replayed), ``rec.ORDER_UNKNOWN`` too: an old value whose order was
+        unknown does not become as new as the checkpoint's own position."""
         return [(rec.offset_key(group_id, *tp), rec.offset_value(o))
                 for tp, o in sorted(self.offsets.get(group_id, {}).items())]

@@ -1,8 +1,17 @@
 """``__consumer_offsets`` records (JSON values, versioned keys; readable with kcat).
 
 Keys: ``\\x00\\x01`` + JSON [group, topic, partition] for an offset commit; ``\\x00\\x02`` + group id for
-the group's metadata. A None value is a tombstone. An offset value written by a checkpoint also
-holds ``record_offset``, the offset of the record that committed it (``OffsetAndMetadata``).
+the group's metadata. A None value is a tombstone.
+
+An offset value says how it orders against a pending transactional offset (``OffsetAndMetadata``'s
+``record_offset``). Values written now are ``"v": 2``: without ``record_offset`` (a request's
+commit) the value is ordered by its record's own offset; a checkpoint's value holds
+``record_offset``, the offset of the record that committed it, or ``ORDER_UNKNOWN`` for a value it
+rewrites whose order was unknown. Values of versions before 2ad1559 are ``"v": 1`` and have no
+``record_offset`` (nor do regular commits of 2ad1559 up to the ``"v": 2`` format): such a value may
+be an old checkpoint's rewrite of an older commit, appended after a pending offset, so its order is
+``ORDER_UNKNOWN``, as the versions that wrote it had no order (their COMMIT marker applied its
+offsets unconditionally). Older versions read every field they knew and ignore the others.
 
 A group-metadata value is the group as a restart should load it: generation, protocol, leader,
 members with their static instance ids and assignments, and ``state_ts``, the time the group entered
@@ -22,23 +31,35 @@ from oncelog.coordinator.group.group_state import GroupMetadata, GroupState, Mem
 OFFSET_KEY = b"\x00\x01"
 GROUP_KEY = b"\x00\x02"
 
+#: ``OffsetAndMetadata.record_offset`` of a value not replayed yet (a request's): its replay gives it
+#: the offset of its record.
+NOT_REPLAYED = -1
+#: ``OffsetAndMetadata.record_offset`` of a committed offset whose order against pending offsets is
+#: unknown (a value written before 2ad1559): it counts as older than every record, so a COMMIT marker
+#: meeting it applies its pending offset, as the version that wrote it did. Checkpoints keep it.
+ORDER_UNKNOWN = -2
+#: The ``"v"`` of the offset values written now (``decode``); 1 before.
+OFFSET_VALUE_VERSION = 2
+
 
 @dataclass(frozen=True, slots=True)
 class OffsetAndMetadata:
     """A committed (or pending transactional) offset.
 
     ``record_offset`` is Kafka's recordOffset: the offset, in ``__consumer_offsets``, of the record
-    that committed it (-1: not replayed yet, as a request's records are). It orders a transactional
-    commit against regular ones when its transaction commits (``OffsetMetadataManager.replay_control``),
-    so a checkpoint that rewrites a live offset at a new, higher offset carries it along in the value
-    (``record_offset``); a record without that field was committed by its own position.
+    that committed it (``NOT_REPLAYED``: not replayed yet, as a request's records are;
+    ``ORDER_UNKNOWN``: a value of a version before 2ad1559 that may be a rewrite, older than every
+    record). It orders a transactional commit against regular ones when its transaction commits
+    (``OffsetMetadataManager.replay_control``), so a checkpoint that rewrites a live offset at a new,
+    higher offset carries it along in the value (``record_offset``); a value written now without
+    that field was committed by its own record.
     """
 
     offset: int
     leader_epoch: int
     metadata: str | None
     commit_timestamp_ms: int
-    record_offset: int = -1
+    record_offset: int = NOT_REPLAYED
 
 
 def offset_key(group_id: str, topic: str, partition: int) -> bytes:
@@ -46,10 +67,11 @@ def offset_key(group_id: str, topic: str, partition: int) -> bytes:
 
 
 def offset_value(o: OffsetAndMetadata) -> bytes:
-    """The record value of ``o``; with ``record_offset`` when ``o`` has one (a checkpoint's record)."""
-    value: dict[str, Any] = {"v": 1, "offset": o.offset, "leader_epoch": o.leader_epoch, "metadata": o.metadata,
-                             "ts": o.commit_timestamp_ms}
-    if o.record_offset >= 0:
+    """The record value of ``o``; with ``record_offset`` whenever ``o`` has been replayed (a checkpoint
+    writes only such values, so each of its values carries its order, ``ORDER_UNKNOWN`` included)."""
+    value: dict[str, Any] = {"v": OFFSET_VALUE_VERSION, "offset": o.offset, "leader_epoch": o.leader_epoch,
+                             "metadata": o.metadata, "ts": o.commit_timestamp_ms}
+    if o.record_offset != NOT_REPLAYED:
         value["record_offset"] = o.record_offset
     return json.dumps(value, separators=(",", ":")).encode()
 
@@ -74,8 +96,12 @@ def decode(key: bytes, value: bytes | None) -> tuple[str, Any, Any]:
         if value is None:
             return "offset", (group, topic, partition), None
         d = json.loads(value)
+        if "record_offset" in d:
+            record_offset = d["record_offset"]
+        else:  # v1: a version before 2ad1559 (or a regular commit of one since), maybe a checkpoint's rewrite
+            record_offset = NOT_REPLAYED if d.get("v", 1) >= OFFSET_VALUE_VERSION else ORDER_UNKNOWN
         return "offset", (group, topic, partition), OffsetAndMetadata(d["offset"], d["leader_epoch"], d["metadata"],
-                                                                       d["ts"], d.get("record_offset", -1))
+                                                                       d["ts"], record_offset)
     if kind == GROUP_KEY:
         return "group", body.decode(), None if value is None else json.loads(value)
     raise ValueError(f"unknown __consumer_offsets key type {kind!r}")
