@@ -137,6 +137,9 @@ class Broker:
         self.api_versions_answers: dict[int, EncodedResponse] = {}  # version -> frame (handle_api_versions)
         self.connections: set[Any] = set()
         self.queued_request_bytes = 0  # request bytes read and not yet handled, all connections
+        # Connections whose send buffer passed its high mark: their client is not reading (see
+        # response_room); KafkaConnection's pause_writing and resume_writing keep it.
+        self.unread_writers: set[Any] = set()
         # One thread for the log directory's background flushes: fsync off the event loop.
         self._flush_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oncelog-flush")
         # And a few for the fsyncs an answer waits for (flush_every_append, a transaction's steps):
@@ -601,6 +604,15 @@ class Broker:
         self.logs.apply_retention_all(self.clock.now_ms())
 
     # --- connections ------------------------------------------------------------------------------
+    def response_room(self) -> int:
+        """How many bytes a Fetch response may carry under ``queued_max_response_bytes``: what is
+        left once the responses held for clients that are not reading (``unread_writers``, each
+        past ``socket_send_buffer_high_bytes``) are counted. Kafka sends records from the file
+        (zero-copy), so a stalled client costs it no heap; here every response is in memory, and
+        without this bound each stalled consumer held one ``fetch_max_bytes`` response."""
+        held = sum(c.transport.get_write_buffer_size() for c in self.unread_writers if c.transport is not None)
+        return max(self.config.queued_max_response_bytes - held, 0)
+
     def admit(self, conn: Any) -> str | None:
         """Register a new connection, or say why it is refused (max.connections[.per.ip], or the
         open files limit: ``storage.descriptors.connection_refused``)."""

@@ -54,7 +54,8 @@ AT_LEAST: dict[str, float] = {
     "internal_log_checkpoint_interval_ms": 1, "log_cleaner_threads": 0, "log_cleaner_backoff_ms": 0,
     "log_cleaner_dedupe_buffer_size": 1, "log_cleaner_io_buffer_load_factor": 0,
     "log_cleaner_io_max_bytes_per_second": 1, "max_connections": 0, "max_connections_per_ip": 0,
-    "connections_max_idle_ms": 1, "queued_max_request_bytes": 1, "queued_max_requests_per_connection": 1,
+    "connections_max_idle_ms": 1, "queued_max_request_bytes": 1, "queued_max_response_bytes": 0,
+    "queued_max_requests_per_connection": 1,
     "socket_send_buffer_high_bytes": 0, "log_dir_min_free_bytes": 0, "fetch_max_bytes": 1024,
     "quota_producer_default": 1, "quota_consumer_default": 1, "sasl_server_max_receive_size": 1024,
     "connection_failed_authentication_delay_ms": 0,
@@ -140,6 +141,10 @@ class BrokerConfig:
     # the client above which the broker stops reading its requests (Kafka mutes the channel).
     queued_max_requests_per_connection: int = 32
     socket_send_buffer_high_bytes: int = 1024 * 1024
+    # Response bytes clients have not read, over all connections whose send buffer passed its high
+    # mark: a Fetch's max_bytes shrinks to what is left (its first batch still goes whole, KIP-74),
+    # so clients that never read cannot make the broker hold one fetch_max_bytes response each.
+    queued_max_response_bytes: int = 512 * 1024 * 1024
     # Free space a client's produce must leave in the data directory's file system, for the
     # broker's own records (markers, transaction and offset records): below it produces are refused
     # with KAFKA_STORAGE_ERROR instead of the disk filling up and the broker stopping. 0: off.

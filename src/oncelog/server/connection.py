@@ -23,7 +23,9 @@ exceed ``queued_max_request_bytes``), and the responses the client has not read:
 transport's buffer passes ``socket_send_buffer_high_bytes`` (asyncio's ``pause_writing``) no
 further request is handled and nothing more is read until the client drains it, so at most one
 response (a Fetch is capped by ``fetch_max_bytes``) lands above that mark. A client that never
-reads its responses therefore costs a bounded amount, not a growing one.
+reads its responses therefore costs a bounded amount, not a growing one; and many such clients
+together cost at most ``queued_max_response_bytes`` plus one batch each: the bytes held by
+connections past their mark shrink every Fetch's ``max_bytes`` (``Broker.response_room``).
 
 Quotas: a response carrying a throttle time mutes the connection for that long before its next
 request is handled (KIP-219). Connections beyond ``max_connections`` (or ``max_connections_per_ip``
@@ -164,6 +166,7 @@ class KafkaConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.broker.connections.discard(self)
+        self.broker.unread_writers.discard(self)
         self.broker.queued_request_bytes -= self.queued_bytes
         self.queued_bytes = 0
         self.frames.clear()
@@ -175,12 +178,15 @@ class KafkaConnection(asyncio.Protocol):
             self._handoff = None
 
     def pause_writing(self) -> None:
-        """The client is not reading its responses: handle nothing more until it does."""
+        """The client is not reading its responses: handle nothing more until it does. What its send
+        buffer holds counts against every Fetch's room (``Broker.response_room``) meanwhile."""
         self.writable.clear()
+        self.broker.unread_writers.add(self)
         self._update_reading()
 
     def resume_writing(self) -> None:
         self.writable.set()
+        self.broker.unread_writers.discard(self)
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:

@@ -259,6 +259,8 @@ def handle_fetch(broker: Broker, req: Request) -> dict[str, Any] | Awaitable[dic
     # fetch.max.bytes caps what one response may carry, whatever the client asks for (except that
     # the first batch is always returned whole, KIP-74).
     max_bytes = min(getattr(body, "max_bytes", 0x7FFFFFFF), broker.config.fetch_max_bytes)
+    if broker.unread_writers:  # clients that do not read their responses hold memory of all
+        max_bytes = min(max_bytes, broker.response_room())
     max_wait_s = max(td_ms(body.max_wait), 0) / 1000
     f = _Fetch(body, isolation_level, max_bytes, body.min_bytes, time.monotonic() + max_wait_s,
                [(ft.topic, fp.partition) for ft in body.topics for fp in ft.partitions],
