@@ -125,6 +125,8 @@ class ConfigSpec:
     synonym: str | None = None        # the broker config that supplies the default
     to_field: Callable[[Any], Any] | None = None  # parsed value -> field value (default: as is)
     doc: str = ""
+    #: a valid parsed value -> the same setting in the form to store (default: as is)
+    canonical: Callable[[Any], Any] | None = None
 
     def parse(self, raw: str | None) -> Any:
         """Kafka's ConfigDef.parseType then the validator; InvalidConfigError with Kafka's message."""
@@ -139,7 +141,7 @@ class ConfigSpec:
         if problem is not None:
             shown = ",".join(value) if isinstance(value, tuple) else raw.strip()
             raise InvalidConfigError(f"Invalid value {shown} for configuration {self.name}: {problem}")
-        return value
+        return self.canonical(value) if self.canonical is not None else value
 
     def format(self, value: Any) -> str:
         return format_typed(self.type, value)
@@ -262,10 +264,18 @@ _SPECS: list[ConfigSpec] = [
 _cleanup_policy = each_one_of("compact", "delete")
 
 
+def _cleanup_policy_canonical(policies: tuple[str, ...]) -> tuple[str, ...]:
+    """Each policy once, in the order given (``compact,compact`` is ``compact``; ``delete,compact``
+    stays, as Kafka prints it): the stored form, which versions before 269d961 accept too (they
+    refused a repeated policy and ran such a topic as ``delete``). ``()`` has no such form (storage.md)."""
+    return tuple(dict.fromkeys(policies))
+
+
 _COMPACTION_SPECS: list[ConfigSpec] = [
     ConfigSpec("cleanup.policy", _T.LIST, ("delete",), _cleanup_policy, "cleanup_policy", "log.cleanup.policy",
                to_field=",".join, doc="delete: old segments are deleted by retention.ms/bytes; compact: the "
-               "log cleaner keeps the newest record per key; compact,delete: both."),
+               "log cleaner keeps the newest record per key; compact,delete: both.",
+               canonical=_cleanup_policy_canonical),
     ConfigSpec("delete.retention.ms", _T.LONG, 24 * 3600 * 1000, at_least(0), "delete_retention_ms",
                "log.cleaner.delete.retention.ms",
                doc="How long a tombstone (and a marker of a vanished transaction) stays after the cleaner "
