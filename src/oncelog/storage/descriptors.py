@@ -9,8 +9,10 @@ what a client can multiply is partitions and segment rolls (a topic created with
 - a topic or partitions a client creates (``LogManager.check_descriptors``, asked by every
   creation but the internal topics': CreateTopics, CreatePartitions, auto-creation), counted
   against the descriptors open now;
-- a client's append that would roll a segment (``PartitionLog``), counted against the segment
-  files open (:func:`segments_open`), which is cheap enough for every roll;
+- a client's append that would roll a segment (``PartitionLog``), counted against the descriptors
+  open now (:func:`roll_refused`): the segment files, and the connections, which take their room
+  from the same budget (a client holding many connections open must not leave a roll without a
+  descriptor: its ``open`` failed with EMFILE, and that took the log directory offline);
 - a new connection (``Broker.admit``), which may use only half of the headroom.
 
 Each segment file counts twice: a flush (background, the group commit, a clean stop) fsyncs a
@@ -23,12 +25,29 @@ files do.
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import threading
+import time
+
+#: errno values of an ``open`` refused for want of a descriptor (the process's, or the system's).
+EXHAUSTED_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 
 _lock = threading.Lock()
 _segments_open = 0
+# Connections ever admitted (:func:`connection_refused` returned None): the count of the open ones
+# can grow only by these, so a count of the descriptors plus those admitted since bounds them now.
+_connections_admitted = 0
+# The last count of /proc/self/fd: (descriptors, segment files open then, connections admitted
+# then, time.monotonic() then), for :func:`open_bound`.
+_count: tuple[int, int, int, float] | None = None
+#: A count older than this is taken again, even when its bound still allows a roll (a bound may
+#: drift from the truth by what neither a segment nor a connection opened: the logs' other files).
+RECOUNT_S = 10.0
+#: A bound that refuses is checked against a new count at most this often (a client retrying a
+#: refused roll must not make the loop list /proc/self/fd at every request: 3 us a descriptor).
+REFUSED_RECOUNT_S = 0.1
 
 
 def segment_opened() -> None:
@@ -74,6 +93,31 @@ def spare_for_new_partitions() -> tuple[int, int] | None:
     return (limit - headroom(limit) - open_now - _segments_open) // 2, limit
 
 
+def _count_open() -> int | None:
+    """Descriptors this process holds now (None where /proc/self/fd cannot be read)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+
+
+def open_bound(*, recount_after_s: float = RECOUNT_S) -> int | None:
+    """At least as many descriptors as this process holds now: the last count of /proc/self/fd (taken
+    again when older than ``recount_after_s``), plus the segment files opened and the connections
+    admitted since (closed ones only make it larger than the truth). A count costs about 3 us a
+    descriptor (3 ms at 1,000), so a roll does not count every time. None where there is no /proc."""
+    global _count
+    now = time.monotonic()
+    c = _count
+    if c is None or now - c[3] >= recount_after_s:
+        n = _count_open()
+        if n is None:
+            return None
+        _count = (n, _segments_open, _connections_admitted, now)
+        return n
+    return c[0] + (_segments_open - c[1]) + (_connections_admitted - c[2])
+
+
 def _storage_need(new_segments: int, reserve: int) -> int:
     """Descriptors the storage may need: every segment file open, and ``new_segments`` more, twice
     (its file and a flush's duplicate), plus ``reserve`` kept free."""
@@ -81,23 +125,44 @@ def _storage_need(new_segments: int, reserve: int) -> int:
 
 
 def roll_refused() -> str | None:
-    """Why a client's append may not roll a segment now (None: it may): the segment files open and
-    the new one, each twice, would eat into the headroom."""
+    """Why a client's append may not roll a segment now (None: it may). The descriptors open (the
+    connections among them), a flush's duplicate of each segment file, and the new segment's file
+    and its duplicate must leave the headroom free, as for a new partition
+    (:func:`spare_for_new_partitions`). Counting the segment files alone (as before) let a client
+    that held connections open, admitted while few segments were open, then roll until the roll's
+    ``open`` failed with EMFILE and stopped the broker. Where /proc cannot be read, only the segment
+    files are counted."""
     limit = soft_limit()
-    if limit is None or _storage_need(1, headroom(limit)) <= limit:
+    if limit is None:
         return None
-    return (f"segment roll refused: {_segments_open} segment files are open under a limit of {limit} "
-            f"open files (ulimit -n), which keeps room for a flush's duplicate of each and {headroom(limit)} "
-            "more; raise the limit, or let retention (or DeleteRecords, DeleteTopics) remove segments")
+    room = headroom(limit)
+    need = _segments_open + 2 + room
+    open_now = open_bound()
+    if open_now is not None and open_now + need > limit:
+        open_now = open_bound(recount_after_s=REFUSED_RECOUNT_S)  # the bound may be stale: count again
+    if open_now is None:
+        if _storage_need(1, room) <= limit:
+            return None
+        open_now = _segments_open
+    elif open_now + need <= limit:
+        return None
+    return (f"segment roll refused: {open_now} files are open ({_segments_open} of them segment files, which a "
+            f"flush may each duplicate) under a limit of {limit} open files (ulimit -n), which keeps {room} "
+            "free; raise the limit, close idle connections, or let retention (or DeleteRecords, DeleteTopics) "
+            "remove segments")
 
 
 def connection_refused(connections: int) -> str | None:
     """Why the broker may not take one more connection (None: it may): the connections, the segment
     files open (each twice) and half the headroom (kept for the storage's own files) would reach the
     limit. A refused connection is closed at once; without this, a client holding connections open
-    took every descriptor, and the next segment roll failed and stopped the broker."""
+    took every descriptor, and the next segment roll failed and stopped the broker. Only the broker's
+    admission asks this, and a connection it lets in is counted (:func:`open_bound`)."""
+    global _connections_admitted
     limit = soft_limit()
     if limit is None or connections + 1 + _storage_need(0, headroom(limit) // 2) < limit:
+        with _lock:
+            _connections_admitted += 1
         return None
     return (f"open files limit ({limit}, ulimit -n) nearly reached: {connections} connections and "
             f"{_segments_open} segment files open")

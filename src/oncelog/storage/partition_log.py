@@ -699,9 +699,10 @@ class PartitionLog:
                 waited >= cfg.max_segment_ms - self._roll_jitter_ms or \
                 len(seg.offset_index.positions) >= cfg.segment_index_bytes // 8 or \
                 len(seg.time_index.timestamps) >= cfg.segment_index_bytes // 12:
-            if origin is AppendOrigin.CLIENT and (refused := descriptors.roll_refused()) is not None:
+            client = origin is AppendOrigin.CLIENT
+            if client and (refused := descriptors.roll_refused()) is not None:
                 raise SegmentRollRefusedError(f"{self.name}: {refused}")
-            self.roll(now_ms)
+            self.roll(now_ms, refusable=client)
 
     def _jitter_for(self, base_offset: int) -> int:
         """segment.jitter.ms: a per-segment random part taken off segment.ms (Kafka's
@@ -719,7 +720,7 @@ class PartitionLog:
         self.active.index_interval_bytes = config.index_interval_bytes
         self._roll_jitter_ms = self._jitter_for(self.active.base_offset)
 
-    def roll(self, now_ms: int | None = None) -> None:
+    def roll(self, now_ms: int | None = None, *, refusable: bool = False) -> None:
         """Start a new active segment at the log end offset, without touching the disk beyond
         creating its file: no fsync on the event loop (Kafka's roll schedules the old segment's
         flush too). The old segment stays dirty, so the next flush (background, ``sync``,
@@ -727,10 +728,22 @@ class PartitionLog:
         made durable (a directory fsync) by whichever of them comes first, before it counts any
         data in the new segment as durable: the recovery point never passes a segment whose name
         a power cut could take back, and an acknowledgement that waits for ``synced_end`` never
-        covers one either."""
+        covers one either.
+
+        A new file that cannot be opened takes the log directory offline, except, when ``refusable``
+        (a client's append), for want of a descriptor (EMFILE, ENFILE): that roll is refused
+        (SegmentRollRefusedError) and nothing changed, since the ``open`` made no file. The budget
+        (``descriptors.roll_refused``) refuses before that; this covers what it cannot see coming."""
         now = self.clock.now_ms() if now_ms is None else now_ms
-        self._guarded(lambda: self.segments.append(
-            LogSegment(self.directory, self.log_end_offset, now, self.config.index_interval_bytes)))
+        try:
+            seg = LogSegment(self.directory, self.log_end_offset, now, self.config.index_interval_bytes)
+        except OSError as exc:
+            if refusable and exc.errno in descriptors.EXHAUSTED_ERRNOS:
+                raise SegmentRollRefusedError(f"{self.name}: segment roll refused: {exc} (ulimit -n); raise the "
+                                              "limit, close idle connections, or let retention remove segments") \
+                    from exc
+            raise self.dir_state.fail(self.name, exc) from exc
+        self.segments.append(seg)
         self.segments[-2].time_index_durable_due = True
         self._rolls += 1
         self._roll_jitter_ms = self._jitter_for(self.log_end_offset)
