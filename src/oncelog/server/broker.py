@@ -497,7 +497,7 @@ class Broker:
             del self._wanted[name]
             try:
                 end, fds = plog.plan_sync()
-            except Exception as exc:  # offline already (StorageOfflineError)
+            except Exception as exc:  # offline already (StorageOfflineError), or EMFILE: no duplicate left open
                 fut.set_exception(exc)
                 continue
             self._syncing[name] = (end, fut)

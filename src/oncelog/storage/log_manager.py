@@ -581,15 +581,34 @@ class LogManager:
         pass's come to SNAPSHOT_PASS_ENTRIES entries, the other due partitions flush without theirs,
         which the next pass writes (their recovery point still moves, through the checkpoint; only
         a recovery's replay is longer meanwhile). So partitions full of producers snapshotted at the
-        same tick hold the loop for a pass each, not all at once."""
+        same tick hold the loop for a pass each, not all at once.
+
+        A partition whose plan fails (no descriptor left for a duplicate: EMFILE) is left out of the
+        pass, with nothing planned (``PartitionLog.begin_flush`` is all or nothing), and the next
+        pass tries it again; the others' jobs run. (The error used to end the planning: the jobs
+        already planned were never run, so those partitions' flushes never ran again, their
+        duplicates stayed open, and their recovery points stayed where they were.) A directory
+        offline raises StorageOfflineError, from the first partition asked (nothing planned yet)."""
         jobs = []
         encoded = 0  # producer-state entries whose snapshot this pass encodes (on the loop)
+        unplanned: list[str] = []
+        error: OSError | None = None
         for plog in self.due_for_flush(now_ms):
-            job = plog.begin_flush(snapshot_deferred=encoded >= SNAPSHOT_PASS_ENTRIES)
+            try:
+                job = plog.begin_flush(snapshot_deferred=encoded >= SNAPSHOT_PASS_ENTRIES)
+            except fileio.StorageOfflineError:
+                raise
+            except OSError as exc:
+                unplanned.append(plog.name)
+                error = exc
+                continue
             if job is not None:
                 jobs.append((plog, job))
                 if job.snapshot is not None:
                     encoded += len(plog.producer_state.producers)
+        if unplanned:
+            log.warning("flush pass: %d partition(s) left to the next pass (%s%s): %s", len(unplanned),
+                        ", ".join(unplanned[:5]), ", ..." if len(unplanned) > 5 else "", error)
         if not jobs:
             return None
         return recovery_checkpoint.FlushPass(self._checkpoint_path(), jobs, self._recovery_points())

@@ -70,6 +70,25 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
 
 
+def dup_descriptors(segments: list[LogSegment]) -> list[int]:
+    """A duplicate of each segment's descriptor (``fileio.fs.dup``), for a flush or an fsync off the
+    loop; all or none: if one fails (EMFILE), those made are closed and the error raised, and
+    nothing else has changed. (A flush pass that met EMFILE half way through a partition used to
+    leak the duplicates made, and left segments marked clean whose fsync never ran.)"""
+    fds: list[int] = []
+    try:
+        for seg in segments:
+            fds.append(fileio.fs.dup(seg.fd))
+    except BaseException:
+        for fd in fds:
+            try:
+                fileio.fs.close(fd)
+            except OSError:
+                pass
+        raise
+    return fds
+
+
 class LogSegment:
     def __init__(self, directory: Path, base_offset: int, created_ms: int, index_interval_bytes: int) -> None:
         self.directory = directory
@@ -135,12 +154,16 @@ class LogSegment:
         except OSError as exc:
             raise fileio.StorageOfflineError(f"fsync of {self.path} failed: {exc}") from exc
 
-    def plan_flush(self, job: FlushJob) -> None:
-        """Add this segment's part of a flush to ``job`` (on the loop thread): a descriptor of the
-        data file to fsync and the index entries not yet written; the job runs them elsewhere."""
+    def plan_flush(self, job: FlushJob, fd: int | None) -> None:
+        """Add this segment's part of a flush to ``job`` (on the loop thread): ``fd``, a duplicate of
+        the data file's descriptor to fsync when the segment is dirty (None when not), and the index
+        entries not yet written; the job runs them elsewhere. Nothing here can fail: the caller made
+        every duplicate of its plan first (:func:`dup_descriptors`), since a plan abandoned half way
+        would leave segments marked clean and index entries taken whose flush never runs."""
         index_files = (self.offset_index.path, self.time_index.path, self.txn_index.path)
         if self.dirty:
-            job.fds.append(fileio.fs.dup(self.fd))
+            assert fd is not None, "a dirty segment's flush needs a duplicate of its descriptor"
+            job.fds.append(fd)
             self.dirty = False
         pendings = (self.offset_index.take_pending(), self.time_index.take_pending(), self.txn_index.take_pending())
         # A light flush leaves index entries to the kernel's writeback, but the segment's max

@@ -52,7 +52,7 @@ from oncelog.storage.errors import (
 )
 from oncelog.storage.flush_job import FlushJob
 from oncelog.storage.leader_epoch_cache import LeaderEpochCache
-from oncelog.storage.log_segment import LogSegment
+from oncelog.storage.log_segment import LogSegment, dup_descriptors
 from oncelog.storage.producer_state import (
     AppendOrigin,
     ProducerStateBound,
@@ -940,12 +940,13 @@ class PartitionLog:
     def plan_sync(self) -> tuple[int, list[int | Path]]:
         """For an fsync off the loop thread: (the log end now, descriptors to fsync, which the
         caller closes, and this log's directory, to fsync last, when a roll created a name not yet
-        durable); then :meth:`mark_synced` with that end once the fsyncs returned."""
+        durable); then :meth:`mark_synced` with that end once the fsyncs returned. A duplicate that
+        cannot be made (EMFILE) raises that OSError, with none of them left open."""
         self._check_online()
         self._sync_names = None
         if self.removed:  # deleted (or closed) after the append a waiter waits for: nothing to make durable
             return self.log_end_offset, []
-        fds: list[int | Path] = [fileio.fs.dup(seg.fd) for seg in self._unsynced_segments()]
+        fds: list[int | Path] = list(dup_descriptors(self._unsynced_segments()))  # none leaks if one fails
         if not self.names_durable:  # the directory too: a name a roll created (see ``roll``)
             self._sync_names = self._rolls
             fds.append(self.directory)
@@ -978,17 +979,24 @@ class PartitionLog:
         and writes the producer-state snapshot only when :meth:`_snapshot_due` and not
         ``snapshot_deferred`` (the pass's snapshots are large enough already): its recovery
         point then reaches the disk through the directory's checkpoint (``recovery_checkpoint``),
-        which the caller writes after ``job.run()`` when ``job.snapshot`` is None."""
+        which the caller writes after ``job.run()`` when ``job.snapshot`` is None.
+
+        All or nothing: a duplicate descriptor that cannot be made (EMFILE) raises that OSError with
+        nothing planned (no job in flight, every segment as dirty as before, no duplicate open), so
+        the next flush plans it all again."""
         self._check_online()
         end = self.log_end_offset
         now = self.last_flush_ms = self.clock.now_ms()
         if self._flush_job is not None or (end == self.recovery_point and not self.epochs.dirty and not force
                                            and self.names_durable):
             return None
+        # All or nothing: the duplicates first (EMFILE raises here, before anything is marked
+        # flushed or any index entry taken); what follows cannot fail.
+        planned = [seg for seg in self.segments if seg.needs_flush or seg is self.active]
+        dups = iter(dup_descriptors([seg for seg in planned if seg.dirty]))
         job = FlushJob(self.directory, end, light=light)
-        for seg in self.segments:
-            if seg.needs_flush or seg is self.active:
-                seg.plan_flush(job)
+        for seg in planned:
+            seg.plan_flush(job, next(dups) if seg.dirty else None)
         if not self.names_durable:  # a roll's new file: its name before the snapshot (see ``roll``)
             job.new_names = True
             job.rolls = self._rolls
