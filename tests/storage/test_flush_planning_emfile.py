@@ -87,7 +87,7 @@ def test_a_pass_that_meets_emfile_flushes_the_others_and_the_failing_partition_n
     fds.fail_at = FAILING + 2  # one duplicate each before it, then its second one
     clock.advance(LogConfig().flush_interval_ms)
 
-    flush_pass = logs.begin_flush_pass(clock.now_ms())  # raised OSError before: the pass was lost
+    flush_pass = logs.begin_flush_pass(clock.monotonic_ms())  # raised OSError before: the pass was lost
 
     assert flush_pass is not None
     planned = {plog.partition for plog, _job in flush_pass.jobs}
@@ -104,7 +104,7 @@ def test_a_pass_that_meets_emfile_flushes_the_others_and_the_failing_partition_n
 
     clock.advance(LogConfig().flush_interval_ms)
     fds.fsynced.clear()
-    retry = logs.begin_flush_pass(clock.now_ms())  # the next pass takes it again
+    retry = logs.begin_flush_pass(clock.monotonic_ms())  # the next pass takes it again
     assert retry is not None and [plog for plog, _job in retry.jobs] == [failing]
     retry.run()
     logs.finish_flush_pass(retry)

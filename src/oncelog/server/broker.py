@@ -402,7 +402,7 @@ class Broker:
         """Start the background flush of every partition that is due, as one pass on the flush
         thread (``fsync`` never runs on the event loop for it): each partition's data, then the
         log directory's recovery-point checkpoint once; the pass finishes back on the loop."""
-        flush_pass = self.logs.begin_flush_pass(self.clock.now_ms())
+        flush_pass = self.logs.begin_flush_pass(self.clock.monotonic_ms())  # flush.ms: time passed, not the wall clock
         if flush_pass is None:
             return
         fut = asyncio.get_running_loop().run_in_executor(self._flush_executor, flush_pass.run)

@@ -569,11 +569,12 @@ class LogManager:
                    default=self.default_config.flush_interval_ms)
 
     # --- maintenance -----------------------------------------------------------------------------
-    def due_for_flush(self, now_ms: int) -> list[PartitionLog]:
-        """Partitions whose background flush is due (none in flight, flush.ms passed, unflushed data)."""
-        return [plog for plog in self._partitions.values() if plog.needs_flush(now_ms)]
+    def due_for_flush(self, monotonic_ms: int) -> list[PartitionLog]:
+        """Partitions whose background flush is due (none in flight, flush.ms passed on the monotonic
+        clock, ``monotonic_ms`` being ``Clock.monotonic_ms``, unflushed data)."""
+        return [plog for plog in self._partitions.values() if plog.needs_flush(monotonic_ms)]
 
-    def begin_flush_pass(self, now_ms: int) -> recovery_checkpoint.FlushPass | None:
+    def begin_flush_pass(self, monotonic_ms: int) -> recovery_checkpoint.FlushPass | None:
         """Plan the periodic flush of every due partition (on the loop thread): the caller runs
         ``run()`` on the flush thread, then :meth:`finish_flush_pass` here. None if none is due.
 
@@ -593,7 +594,7 @@ class LogManager:
         encoded = 0  # producer-state entries whose snapshot this pass encodes (on the loop)
         unplanned: list[str] = []
         error: OSError | None = None
-        for plog in self.due_for_flush(now_ms):
+        for plog in self.due_for_flush(monotonic_ms):
             try:
                 job = plog.begin_flush(snapshot_deferred=encoded >= SNAPSHOT_PASS_ENTRIES)
             except fileio.StorageOfflineError:
@@ -627,12 +628,12 @@ class LogManager:
         if failure is not None:
             raise failure
 
-    def flush_all(self, now_ms: int, force: bool = False) -> None:
+    def flush_all(self, monotonic_ms: int, force: bool = False) -> None:
         """The background flush. Its order does not matter for transactions: the transaction
         protocol makes each step durable itself (see server.coordination); here every partition's
         recovery point moves independently. Raises StorageOfflineError once the directory failed."""
         for plog in self._partitions.values():
-            if force or plog.needs_flush(now_ms):
+            if force or plog.needs_flush(monotonic_ms):
                 plog.flush()
 
     def apply_retention_all(self, now_ms: int) -> None:

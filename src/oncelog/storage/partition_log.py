@@ -180,7 +180,7 @@ class PartitionLog:
         # The last producer-state snapshot written (None: none on disk yet), and where the log was
         # then -- (active segment's base, its size, log end, time) -- for ``_snapshot_due``.
         self.snapshot_offset: int | None = None
-        self._snapshot_mark: tuple[int, int, int, int] | None = None
+        self._snapshot_mark: tuple[int, int, int, int] | None = None  # the time: monotonic
         self._checkpointed_recovery_point = checkpointed_recovery_point
         fileio.fs.mkdir(directory)
         self.segments: list[LogSegment] = []
@@ -192,7 +192,9 @@ class PartitionLog:
         self.producer_state = ProducerStateManager()
         self.log_start_offset = 0
         self.recovery_point = 0
-        self.last_flush_ms = clock.now_ms()
+        # When the last flush was planned, on the monotonic clock (``Clock.monotonic_ms``): flush.ms
+        # and the snapshot interval measure time passed, which a wall-clock step must not stop.
+        self.last_flush_monotonic_ms = clock.monotonic_ms()
         self._lso_cache: int | None = None
         # Leader epochs (KIP-101/320): this broker's epoch, stamped on every appended batch, and the
         # epoch -> start offset history (see leader_epoch_cache; become_leader sets the epoch).
@@ -394,7 +396,8 @@ class PartitionLog:
             return
         self.recovery_point = min(max(recovery_point, self.segments[0].base_offset), self.log_end_offset)
         if self.snapshot_offset is not None and self.snapshot_offset == self.log_end_offset:
-            self._snapshot_mark = (self.active.base_offset, self.active.size, self.log_end_offset, now)
+            self._snapshot_mark = (self.active.base_offset, self.active.size, self.log_end_offset,
+                                   self.clock.monotonic_ms())
         if scanned_batches or replayed_batches:
             log.info("%s: recovered %d unflushed batch(es) above the recovery point %d, replayed the producer "
                      "state of %d below it; log end offset %d", self.name, scanned_batches, self.recovery_point,
@@ -426,7 +429,7 @@ class PartitionLog:
         self._segments_replaced += 1
         fileio.fs.fsync_dir(self.directory)
         self.log_start_offset = self.recovery_point = start
-        self._snapshot_mark = (start, 0, start, now)
+        self._snapshot_mark = (start, 0, start, self.clock.monotonic_ms())
 
     def _recover_from_start(self, i: int, recovery_point: int) -> tuple[list[tuple[int, rb.BatchHeader]], int]:
         """Recover ``segments[i]``, the segment holding ``recovery_point``, whose data does not reach
@@ -904,8 +907,12 @@ class PartitionLog:
         return self.producer_state.remove_expired_producers(now_ms, producer_id_expiration_ms)
 
     # --- durability ------------------------------------------------------------------------------
-    def needs_flush(self, now_ms: int) -> bool:
-        due = now_ms - self.last_flush_ms >= self.config.flush_interval_ms
+    def needs_flush(self, monotonic_ms: int) -> bool:
+        """Whether the background flush is due: flush.ms passed since the last one was planned, by
+        the monotonic clock (``monotonic_ms``: ``Clock.monotonic_ms``), none in flight, and something
+        to flush. (Measured on the wall clock until 2026-11-28, a step back of an hour stopped every
+        periodic flush, snapshot and checkpoint for that hour: probe s37, ``clock_flush.py``.)"""
+        due = monotonic_ms - self.last_flush_monotonic_ms >= self.config.flush_interval_ms
         return due and self._flush_job is None and (self.recovery_point < self.log_end_offset or self.epochs.dirty)
 
     def sync(self) -> None:
@@ -986,7 +993,7 @@ class PartitionLog:
         the next flush plans it all again."""
         self._check_online()
         end = self.log_end_offset
-        now = self.last_flush_ms = self.clock.now_ms()
+        now = self.last_flush_monotonic_ms = self.clock.monotonic_ms()
         if self._flush_job is not None or (end == self.recovery_point and not self.epochs.dirty and not force
                                            and self.names_durable):
             return None
@@ -1029,19 +1036,19 @@ class PartitionLog:
             self.snapshot_offset = job.end
             self._snapshot_mark = job.snapshot_mark
 
-    def _snapshot_due(self, end: int, now_ms: int) -> bool:
+    def _snapshot_due(self, end: int, monotonic_ms: int) -> bool:
         """Whether a periodic flush to ``end`` writes a producer-state snapshot (else only the
         directory's checkpoint records its recovery point). Recovery replays producer state from the
         last snapshot up to the recovery point, so this bounds that replay: a snapshot after every
         roll (as Kafka takes one), and at least every SNAPSHOT_INTERVAL_BYTES of the active segment,
-        SNAPSHOT_INTERVAL_OFFSETS offsets or SNAPSHOT_INTERVAL_MS."""
+        SNAPSHOT_INTERVAL_OFFSETS offsets or SNAPSHOT_INTERVAL_MS (of monotonic time)."""
         mark = self._snapshot_mark
         if mark is None:
             return True
         base, size, offset, ms = mark
         active = self.active
         return active.base_offset != base or active.size - size >= SNAPSHOT_INTERVAL_BYTES or \
-            end - offset >= SNAPSHOT_INTERVAL_OFFSETS or now_ms - ms >= SNAPSHOT_INTERVAL_MS
+            end - offset >= SNAPSHOT_INTERVAL_OFFSETS or monotonic_ms - ms >= SNAPSHOT_INTERVAL_MS
 
     def _snapshot_covers(self, offset: int) -> None:
         """Make sure the producer-state snapshot on disk is at ``offset`` or above (a full flush
