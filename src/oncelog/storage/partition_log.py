@@ -395,6 +395,7 @@ class PartitionLog:
             self._start_empty_at(self.log_start_offset, now)
             return
         self.recovery_point = min(max(recovery_point, self.segments[0].base_offset), self.log_end_offset)
+        self._unsynced_after_load()
         if self.snapshot_offset is not None and self.snapshot_offset == self.log_end_offset:
             self._snapshot_mark = (self.active.base_offset, self.active.size, self.log_end_offset,
                                    self.clock.monotonic_ms())
@@ -402,6 +403,29 @@ class PartitionLog:
             log.info("%s: recovered %d unflushed batch(es) above the recovery point %d, replayed the producer "
                      "state of %d below it; log end offset %d", self.name, scanned_batches, self.recovery_point,
                      replayed_batches, self.log_end_offset)
+
+    def _unsynced_after_load(self) -> None:
+        """What the load read above the recovery point on disk is not known durable: after a kill -9
+        (not a power cut) the page cache still held the writes the broker never fsynced, so recovery
+        read them back, and a power cut can still take them. Each segment holding any of it is
+        marked dirty, and the directory's names not durable (a roll's new file may be among them),
+        so that whatever next moves the recovery point past it (a flush, light or full, ``close``)
+        or counts it synced (``sync``, ``plan_sync``: the acknowledgements that wait for
+        ``synced_end``) fsyncs it first, as Kafka's ``LocalLog.flush`` fsyncs every segment from the
+        recovery point up before the recovery point moves. Until 2026-11-28 recovered segments were
+        left clean: the first flush fsynced only the active segment, moved the recovery point to the
+        log end, and a power cut then took everything recovered (probe s37, LazyFS,
+        ``s4_kill_then_cut.py``: 60 of 60 acknowledged records lost; a duplicate answered as written
+        and a committed transaction torn the same way). A producer-state snapshot read back may be a
+        light flush's, its name not yet durable: it is made durable before segments below it go
+        (``_recovery_point_durable``)."""
+        unsynced = [seg for seg in self.segments if seg.next_offset > self.recovery_point]
+        for seg in unsynced:
+            seg.dirty = True
+        if unsynced:
+            self._rolls += 1
+        if self.snapshot_offset is not None:
+            self._snapshot_name_durable = False
 
     def _start_empty_at(self, start: int, now: int) -> None:
         """The log start lies past the recovered log end: DeleteRecords (or retention) made its new
