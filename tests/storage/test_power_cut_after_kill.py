@@ -171,3 +171,69 @@ def _keeps_young_records(b: InProcessBroker, stamps: dict[int, int]) -> None:
         b.broker.logs.alter_topic_configs("t", {"retention.ms": str(30 * 60_000)})
         plog.apply_retention(now)
         assert plog.log_start_offset <= min(young)
+
+
+def test_a_time_index_recovery_extended_is_fsynced_before_the_recovery_point_passes_it(
+        crashfs: CrashFS, tmp_path: Path) -> None:
+    """Probe s3b: two records stamped 40 min ago and a clean stop, then (flush_every_append) six
+    fresh ones, the first segment rolled, and a power cut before any background flush: the data
+    was fsynced for each acknowledgement, its time-index entries were not. Recovery scanned the
+    first segment from the recovery point and rebuilt its entries in memory only; the flushes
+    then moved the recovery point past it without writing them, and after a second cut the
+    segment was trusted with the index on disk: a max timestamp 40 min old, its fresh records
+    skipped by ListOffsets and deleted by a 30 min retention."""
+    b = InProcessBroker(crashfs.root, log_segment_bytes=700, flush_every_append=True)
+    b.create_topic("t", 1)
+    now = b.clock.now_ms()
+    stamps: dict[int, int] = {}
+    for i in range(2):
+        stamps[i] = now - 40 * 60_000 + i
+        _fill(b, [b"old%d" % i], ts=stamps[i])
+    b.restart(clean=True)
+    for i in range(2, 8):
+        stamps[i] = b.clock.now_ms() + i
+        _fill(b, [b"new%d" % i], ts=stamps[i])
+    b2, fs2 = _power_cut(b, crashfs, tmp_path)
+    plog = b2.broker.logs.get_partition("t", 0)
+    assert plog is not None and plog.recovery_point == 2 and plog.log_end_offset == 8
+    for i in range(8, 16):
+        stamps[i] = b2.clock.now_ms() + i
+        _fill(b2, [b"new%d" % i], ts=stamps[i])
+        _background_flush(b2)
+    assert plog.recovery_point == 16
+    b3, _ = _power_cut(b2, fs2, tmp_path)
+    _keeps_young_records(b3, stamps)
+    b3.close()
+
+
+def test_a_time_index_restored_below_the_recovery_point_is_written_before_it_moves_on(
+        crashfs: CrashFS, tmp_path: Path) -> None:
+    """A power cut right after a roll: the segment before the recovery point's lacks the entries of
+    its last records (a light flush leaves them to writeback), and the load walks it for them
+    (``restore_time_index``), in memory only. The recovery point then moved on two segments
+    without writing them, so after a second cut the segment was trusted with its short index."""
+    hour = 3_600_000
+    b = InProcessBroker(crashfs.root, log_segment_bytes=700)
+    b.create_topic("t", 1)
+    b.broker.logs.flush_all(b.clock.now_ms(), force=True)
+    t0 = b.clock.now_ms() - 24 * hour
+    stamps: dict[int, int] = {}
+    for i in range(9):  # one record an hour, four to a segment, a light flush before each
+        _background_flush(b)
+        stamps[i] = t0 + i * hour
+        _fill(b, [b"r%02d" % i], ts=stamps[i])
+    plog = b.broker.logs.get_partition("t", 0)
+    assert plog is not None and [s.base_offset for s in plog.segments] == [0, 4, 8]
+    plog.sync()
+    b2, fs2 = _power_cut(b, crashfs, tmp_path)
+    plog = b2.broker.logs.get_partition("t", 0)
+    assert plog is not None and plog.segments[1].max_timestamp == stamps[7]
+    for i in range(9, 17):
+        _background_flush(b2)
+        stamps[i] = t0 + i * hour
+        _fill(b2, [b"r%02d" % i], ts=stamps[i])
+    _background_flush(b2)
+    assert plog.recovery_point == 17 and len(plog.segments) == 5
+    b3, _ = _power_cut(b2, fs2, tmp_path)
+    _keeps_young_records(b3, stamps)
+    b3.close()

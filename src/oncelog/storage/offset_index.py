@@ -116,6 +116,11 @@ class TimeIndex:
             self.timestamps.append(max_timestamp)
             self.relative_offsets.append(offset - self.base_offset)
 
+    @property
+    def unwritten(self) -> bool:
+        """Some entries are in memory only, not yet appended to the file (``take_pending``)."""
+        return self._persisted < len(self.timestamps)
+
     def lookup(self, timestamp: int) -> int:
         """Base offset of a batch at or before the first one whose max timestamp is >= ``timestamp``."""
         i = bisect.bisect_left(self.timestamps, timestamp) - 1

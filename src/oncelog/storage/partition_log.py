@@ -396,6 +396,15 @@ class PartitionLog:
             return
         self.recovery_point = min(max(recovery_point, self.segments[0].base_offset), self.log_end_offset)
         self._unsynced_after_load()
+        for seg in self.segments[:-1]:  # the active one's time index is fsynced when it rolls (``roll``)
+            if seg.time_index.unwritten:
+                # Entries recovery added (``recover``, ``restore_time_index``) exist in memory only:
+                # the flush that next moves the recovery point writes and fsyncs them, light or not
+                # (``LogSegment.plan_flush``). Left to no flush until 2026-11-28: the recovery point
+                # passed the segment, and the next unclean start trusted its short index on disk
+                # (probe s37, ``s3b_timeindex_retention.py``: a max timestamp 40 min old, its young
+                # records deleted by a 30 min retention and skipped by ListOffsets).
+                seg.time_index_durable_due = True
         if self.snapshot_offset is not None and self.snapshot_offset == self.log_end_offset:
             self._snapshot_mark = (self.active.base_offset, self.active.size, self.log_end_offset,
                                    self.clock.monotonic_ms())
