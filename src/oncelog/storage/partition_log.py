@@ -802,6 +802,25 @@ class PartitionLog:
         i = bisect.bisect_right(self._bases, offset) - 1
         return max(i, 0)
 
+    def position_of(self, offset: int, nowait: bool = False) -> tuple[int, int] | None:
+        """(base offset of a segment, byte position in it) where a read from ``offset`` starts:
+        the batch holding ``offset`` (or the first after it), or where the next append goes when
+        none does (Kafka's ``LogOffsetMetadata``). Two such positions in one segment tell how many
+        bytes lie between two offsets without reading them (Kafka's ``positionDiff``; a waiting
+        fetch counts so); in two segments they cannot. None outside [log start, log end]. Costs
+        the segment lookup, an index lookup and at most an index interval of batch headers (none
+        at the log end); ``nowait`` as :meth:`read_view`."""
+        if offset < self.log_start_offset or offset > self.log_end_offset:
+            return None
+        segs = self.segments
+        if offset < self.log_end_offset:
+            for i in range(self._segment_for(offset), len(segs)):
+                found = segs[i].find_position(offset, nowait)
+                if found is not None:
+                    return segs[i].base_offset, found[0]
+        active = segs[-1]
+        return active.base_offset, active.size
+
     def read(self, fetch_offset: int, max_bytes: int, *, max_offset: int | None = None,
              min_one_message: bool = True) -> FetchData:
         """Whole batches from the one containing ``fetch_offset``; see the module docstring."""

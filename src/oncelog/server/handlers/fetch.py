@@ -11,7 +11,6 @@ answers a diverging epoch when the fetcher's last fetched epoch ended before its
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -173,30 +172,6 @@ class _Fetch(NamedTuple):
     denied: frozenset[str]
 
 
-def _position_of(plog: Any, offset: int, nowait: bool) -> tuple[int, int] | None:
-    """(base offset of a segment, byte position in it) where a read of ``plog`` from ``offset``
-    starts: the batch holding ``offset`` (or the first after it), or where the next append goes
-    when none does (Kafka's ``LogOffsetMetadata``). Two such positions in one segment tell how many
-    bytes lie between two offsets without reading them (Kafka's ``positionDiff``); in two segments
-    they cannot. None outside [log start, log end]. Costs a binary search over the segments, an
-    index lookup and at most an index interval of batch headers (none at the log end); ``nowait``
-    as ``read_view``."""
-    if offset < plog.log_start_offset or offset > plog.log_end_offset:
-        return None
-    segs = plog.segments
-    if offset < plog.log_end_offset:
-        for i in range(max(bisect.bisect_right(segs, offset, key=_base_offset) - 1, 0), len(segs)):
-            found = segs[i].find_position(offset, nowait)
-            if found is not None:
-                return segs[i].base_offset, found[0]
-    active = segs[-1]
-    return active.base_offset, active.size
-
-
-def _base_offset(seg: Any) -> int:
-    return int(seg.base_offset)
-
-
 class _Available:
     """What a waiting fetch could return now, counted from positions in the logs and not read
     (Kafka's ``DelayedFetch.tryComplete``): per partition, the bytes from its fetch offset's batch
@@ -225,12 +200,12 @@ class _Available:
                 end = plog.visible_end(self.read_committed)
                 if end <= fetch_offset:
                     continue
-                end_at = _position_of(plog, end, nowait)
+                end_at = plog.position_of(end, nowait)
                 start = self._starts[i]
                 if start is None or start[0] is not plog or end_at is None or start[1] != end_at[0]:
                     # first count, or the end moved to another segment (a roll at the fetch offset
                     # puts its batch in the new one)
-                    at = _position_of(plog, fetch_offset, nowait)
+                    at = plog.position_of(fetch_offset, nowait)
                     if at is None:
                         return True
                     start = self._starts[i] = (plog, at[0], at[1])
