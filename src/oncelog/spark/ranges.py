@@ -109,6 +109,18 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
     lost_the_rest = False
     renewed_at: int | None = None  # the position of the last renewal of the consumer
     gone_checked = last_move
+
+    def go_on_past_loss(available: tuple[int, int] | None) -> None:
+        """Records of the range are gone: raise (``_past_lost``), or go on from where it says, or end
+        the read when nothing of the range is left."""
+        nonlocal position, lost_the_rest
+        resume = _past_lost(position, end, what, skip_lost, available, lost_advice)
+        if resume is None:
+            lost_the_rest = True
+        else:
+            position = resume
+            consumer.assign([TopicPartition(topic, partition, position)])
+
     while position < end and not lost_the_rest:
         if clock() - last_move > timeout_s:
             raise TimeoutError(f"reading {what}: stuck at offset {position} below {end} for {timeout_s:g}s")
@@ -134,13 +146,7 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
                         at_eof = True
                         continue
                     if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                        available = _available(consumer, topic, partition)
-                        resume = _past_lost(position, end, what, skip_lost, available, lost_advice)
-                        if resume is None:
-                            lost_the_rest = True
-                        else:
-                            position = resume
-                            consumer.assign([TopicPartition(topic, partition, position)])
+                        go_on_past_loss(_available(consumer, topic, partition))
                         break  # the consumer fetches nothing more of the partition until it is assigned again
                     if err.code() == KafkaError.MSG_SIZE_TOO_LARGE and renew is not None and renewed_at != position:
                         renewed_at = position
@@ -172,12 +178,7 @@ def consume_range(consumer: Any, topic: str, partition: int, start: int, end: in
                     _past_lost(position, end, what, skip_lost, None, lost_advice, gone=True)
                     lost_the_rest = True
             if lost is not None:
-                resume = _past_lost(position, end, what, skip_lost, lost, lost_advice)
-                if resume is None:
-                    lost_the_rest = True
-                else:
-                    position = resume
-                    consumer.assign([TopicPartition(topic, partition, position)])
+                go_on_past_loss(lost)
 
 
 def _available(consumer: Any, topic: str, partition: int) -> tuple[int, int] | None:
