@@ -26,6 +26,7 @@ from tests.protocol.test_record_validation import (
     batch_of,
     body,
     compress,
+    mutated_records,
     raw_record,
     record_bodies,
     records_of,
@@ -148,26 +149,7 @@ def stream_ok(data: bytes, count: int, cuts: list[int]) -> bool:
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(record_bodies, st.data())
 def test_the_stream_walk_agrees_with_the_reference_wherever_the_pieces_end(recs: list, data: st.DataObject) -> None:
-    payload = bytearray(records_of([body(i, ts_delta=ts, key=k, value=v, headers=hs)
-                                    for i, (ts, k, v, hs) in enumerate(recs)]))
-    count = len(recs)
-    for _ in range(data.draw(st.integers(0, 3), label="mutations")):
-        kind = data.draw(st.sampled_from(["flip", "set", "cut", "insert", "count"]))
-        if kind == "count":
-            count = data.draw(st.integers(1, 50))
-            continue
-        if not payload:
-            break
-        at = data.draw(st.integers(0, len(payload) - 1))
-        if kind == "flip":
-            payload[at] ^= 1 << data.draw(st.integers(0, 7))
-        elif kind == "set":
-            payload[at] = data.draw(st.sampled_from([0x00, 0x01, 0x7F, 0x80, 0xFF]))
-        elif kind == "cut":
-            del payload[at:]
-        else:
-            payload[at:at] = data.draw(st.binary(min_size=1, max_size=4))
-    plain = bytes(payload)
+    plain, count = mutated_records(recs, data)
     try:
         ref_validate(plain, count)
         expected = True
