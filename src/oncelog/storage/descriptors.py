@@ -86,9 +86,8 @@ def spare_for_new_partitions() -> tuple[int, int] | None:
     limit = soft_limit()
     if limit is None:
         return None
-    try:
-        open_now = len(os.listdir("/proc/self/fd"))
-    except OSError:
+    open_now = _count_open()
+    if open_now is None:
         return None
     return (limit - headroom(limit) - open_now - _segments_open) // 2, limit
 
